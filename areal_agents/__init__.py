@@ -1,0 +1,60 @@
+"""areal-agents: asynchronous reinforcement learning for LLM agents.
+
+The public API is importable from here; heavier pieces load on first use so that
+``import areal_agents`` stays light and never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.config_loader import load_config
+from areal_agents.registry import (
+    Registry,
+    register_agent,
+    register_algorithm,
+    register_dataset,
+    register_env,
+    register_reward,
+)
+from areal_agents.types import Trajectory
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Env": "areal_agents.env",
+    "check_env": "areal_agents.env",
+    "make_env": "areal_agents.env",
+    "Agent": "areal_agents.agent",
+    "ChatAgent": "areal_agents.agent",
+}
+
+if TYPE_CHECKING:
+    from areal_agents.agent import Agent, ChatAgent
+    from areal_agents.env import Env, check_env, make_env
+
+__all__ = [
+    "Agent",
+    "ChatAgent",
+    "ConfigError",
+    "Env",
+    "ExperimentConfig",
+    "Registry",
+    "Trajectory",
+    "check_env",
+    "load_config",
+    "make_env",
+    "register_agent",
+    "register_algorithm",
+    "register_dataset",
+    "register_env",
+    "register_reward",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'areal_agents' has no attribute {name!r}")

@@ -1,0 +1,147 @@
+"""The ``areal-agents`` command line.
+
+Subcommands find their implementation through ``"module:function"`` strings, so the core
+stays importable without torch; each handler receives the parsed arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from areal_agents.config import ConfigError
+from areal_agents.registry import KINDS, RegistryError, load_object
+
+__all__ = ["build_parser", "main"]
+
+# subcommand -> implementation; each is called as fn(args) and returns an exit code.
+COMMANDS = {
+    "run": "trainers.loop:cli_run",
+    "sft": "trainers.sft:cli_sft",
+    "eval": "trainers.evaluate:cli_eval",
+    "serve": "areal_agents.inference.server:cli_serve",
+    "plot": "areal_agents.plotting:cli_plot",
+}
+
+
+def _add_config_args(p: argparse.ArgumentParser, env_required: bool = False) -> None:
+    p.add_argument("--env", help="env name, short for env.name=NAME", required=env_required)
+    p.add_argument("--config", help="YAML config file (sections as in `areal-agents config show`)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. actor.lr=1e-5")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="areal-agents",
+        description="Asynchronous RL for LLM agents. `areal-agents config show` lists every config key.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="train an agent with async RL (mode=rollout|train for debug modes)",
+                       epilog="Config keys and defaults: `areal-agents config show`.")
+    _add_config_args(p)
+    p = sub.add_parser("sft", help="supervised fine-tuning on an env's dataset")
+    _add_config_args(p)
+    p = sub.add_parser("eval", help="greedy and pass@k evaluation of a model on an env's test split")
+    p.add_argument("--model", help="HF model dir (default: the tiny default model)")
+    p.add_argument("--output", help="JSON report path")
+    _add_config_args(p)
+    p = sub.add_parser("serve", help="start the embedded SGLang-protocol inference server")
+    p.add_argument("--model", help="HF model dir (default: the tiny default model for --env)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port (0 picks a free one)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
+    p.add_argument("--weight-version", default="0", help="initial weight version")
+    p.add_argument("--env", default="math", help="env whose tiny default model to serve without --model")
+    p = sub.add_parser("plot", help="write PNG plots for a run directory")
+    p.add_argument("run_dir")
+    p = sub.add_parser("list", help="print the registries")
+    p.add_argument("kind", nargs="?", choices=[*KINDS, *(k[:-1] for k in KINDS)], help="one registry only")
+    p = sub.add_parser("config", help="show or check a config")
+    p.add_argument("action", choices=["show", "check"], help="show: every field with default and help; "
+                   "check: load and validate, print the resolved YAML")
+    _add_config_args(p)
+    return parser
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides of ``args``, with ``--env`` turned into ``env.name``."""
+    overrides = list(getattr(args, "overrides", []) or [])
+    if getattr(args, "env", None):
+        overrides.insert(0, f"env.name={args.env}")
+    return overrides
+
+
+def load_args_config(args: argparse.Namespace) -> Any:
+    from areal_agents.config_loader import load_config
+
+    return load_config(args.config, config_overrides(args))
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from areal_agents.registry import get_registry
+
+    kinds = [args.kind if args.kind.endswith("s") else args.kind + "s"] if args.kind else list(KINDS)
+    console = Console()
+    for kind in kinds:
+        reg = get_registry(kind)
+        table = Table(title=f"{kind} ({len(reg)})", title_justify="left")
+        table.add_column("name", style="bold cyan")
+        table.add_column("defined at")
+        for name in reg.names():
+            table.add_row(name, reg.where(name))
+        console.print(table)
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from areal_agents.config_loader import config_fields, to_yaml
+
+    if args.action == "check":
+        print(to_yaml(load_args_config(args)), end="")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="ExperimentConfig (set with key=value or a YAML file)", title_justify="left")
+    for col in ("key", "type", "default", "help"):
+        table.add_column(col, overflow="fold")
+    for key, type_name, default, help_text in config_fields():
+        table.add_row(key, type_name, repr(default), help_text)
+    Console(width=160).print(table)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``areal-agents`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return _cmd_list(args)
+        if args.command == "config":
+            return _cmd_config(args)
+        spec = COMMANDS[args.command]
+        try:
+            handler = load_object(spec)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not spec.startswith(exc.name):
+                raise
+            print(f"areal-agents {args.command}: not available yet", file=sys.stderr)
+            return 3
+        return int(handler(args) or 0)
+    except (ConfigError, RegistryError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,180 @@
+"""Load an :class:`ExperimentConfig` from YAML and ``key=value`` overrides.
+
+Every failure becomes one :class:`ConfigError` whose message names the full key, e.g.
+``actor.c_clip: must be > 1 when set (got 0.5)`` or ``no.such.key: unknown key``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from areal_agents.config import ConfigError, ExperimentConfig
+
+__all__ = ["config_fields", "load_config", "to_yaml"]
+
+T = TypeVar("T")
+
+
+def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigError:
+    key = getattr(exc, "full_key", None) or fallback_key or "config"
+    msg = str(getattr(exc, "msg", None) or exc).splitlines()[0].strip()
+    if type(exc).__name__ == "ConfigKeyError" and "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        msg = "unknown key"
+    return ConfigError(key, msg)
+
+
+def _leaf_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, bool]:
+    """Every valid dotted key -> whether it is a free-form mapping (``kwargs``)."""
+    keys: dict[str, bool] = {}
+    hints = typing.get_type_hints(cls)
+    for fld in dataclasses.fields(cls):
+        hint = hints[fld.name]
+        if dataclasses.is_dataclass(hint):
+            keys[prefix + fld.name] = False
+            keys.update(_leaf_keys(hint, f"{prefix}{fld.name}."))  # type: ignore[arg-type]
+        else:
+            keys[prefix + fld.name] = typing.get_origin(hint) is dict
+    return keys
+
+
+def _unknown_key(key: str, known: dict[str, bool]) -> ConfigError:
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+    close = same_leaf or difflib.get_close_matches(key, list(known), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(key, f"unknown key{hint}")
+
+
+def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
+    """Reject keys the schema does not have, naming the full dotted key."""
+    if not isinstance(node, DictConfig):
+        return
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if full not in known:
+            child = node._get_node(key)
+            while isinstance(child, DictConfig) and len(child) > 0:  # name the full leaf key
+                first = next(iter(child.keys()))
+                full, child = f"{full}.{first}", child._get_node(first)
+            raise _unknown_key(full, known)
+        if known[full]:  # free-form mapping such as env.kwargs
+            continue
+        child = node._get_node(key)
+        is_section = any(k.startswith(full + ".") for k in known)
+        if is_section and not isinstance(child, DictConfig):
+            raise ConfigError(full, "is a section: set its fields, e.g. " + next(k for k in known if k.startswith(full + ".")) + "=...")
+        _check_keys(child, known, full + ".")
+
+
+def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(item, "overrides must look like key=value")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise _omega_error(exc) from None
+
+
+def _materialise(node: DictConfig, prefix: str) -> Any:
+    """``OmegaConf.to_object`` depth first, so a failing ``__post_init__`` gets its path."""
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and OmegaConf.get_type(child) not in (dict, None):
+            _materialise(child, f"{prefix}{key}.")
+    try:
+        return OmegaConf.to_object(node)
+    except ConfigError as exc:
+        raise ConfigError(prefix + exc.key, exc.rule) from None
+    except OmegaConfBaseException as exc:
+        raise _omega_error(exc, prefix.rstrip(".")) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(prefix.rstrip(".") or "config", str(exc).splitlines()[0]) from None
+
+
+def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
+    """Defaults of the named algorithm chosen in ``layers`` (spec.defaults), if registered."""
+    name = "grpo"
+    for layer in layers:
+        value = OmegaConf.select(layer, "algorithm.name", default=None)
+        if value is not None:
+            name = str(value)
+    from areal_agents.registry import RegistryError, algorithms
+
+    try:
+        spec = algorithms.get(name)
+    except RegistryError:
+        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; registered: {', '.join(algorithms.names())}") from None
+    return dict(getattr(spec, "defaults", {}) or {})
+
+
+def load_config(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: dict[str, Any] | None = None,
+    apply_algorithm_defaults: bool = True,
+) -> ExperimentConfig:
+    """Schema ← ``base`` ← algorithm defaults ← YAML file ← overrides, then validate."""
+    schema = OmegaConf.structured(ExperimentConfig)
+    layers: list[DictConfig] = []
+    if base:
+        layers.append(OmegaConf.create(base))
+    if config_file is not None:
+        if not os.path.isfile(config_file):
+            raise ConfigError("--config", f"file not found: {config_file}")
+        try:
+            loaded = OmegaConf.load(config_file)
+        except Exception as exc:  # yaml.YAMLError and friends
+            raise ConfigError("--config", f"cannot parse {config_file}: {str(exc).splitlines()[0]}") from None
+        if not isinstance(loaded, DictConfig):
+            raise ConfigError("--config", f"{config_file} must hold a mapping of sections")
+        layers.append(loaded)
+    layers.append(_parse_overrides(overrides))
+    known = _leaf_keys()
+    for layer in layers:
+        _check_keys(layer, known)
+    if apply_algorithm_defaults:
+        defaults = _algorithm_defaults(layers)
+        if defaults:
+            layers.insert(0, OmegaConf.create({"algorithm": defaults}))
+    merged = schema
+    for layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)  # type: ignore[assignment]
+        except OmegaConfBaseException as exc:
+            raise _omega_error(exc) from None
+    try:
+        OmegaConf.resolve(merged)
+    except OmegaConfBaseException as exc:
+        raise _omega_error(exc) from None
+    cfg = _materialise(merged, "")
+    assert isinstance(cfg, ExperimentConfig)
+    return cfg
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML (for ``runs/.../config.yaml``)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """``(key, type, default, help)`` for every leaf field, in declaration order."""
+    rows: list[tuple[str, str, Any, str]] = []
+    inst = cls()
+    for fld in dataclasses.fields(cls):
+        value = getattr(inst, fld.name)
+        if dataclasses.is_dataclass(value):
+            rows.extend(config_fields(type(value), f"{prefix}{fld.name}."))
+        else:
+            type_name = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
+            rows.append((prefix + fld.name, str(type_name), value, fld.metadata.get("help", "")))
+    return rows

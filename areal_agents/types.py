@@ -1,0 +1,112 @@
+"""Plain data passed between agents, the rollout executor and the trainer (no torch)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["STATUSES", "Trajectory", "discounted_returns"]
+
+STATUSES = ("ok", "env_error", "reward_error", "timeout", "aborted", "server_error")
+
+
+def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> tuple[float, list[float]]:
+    """Episode return ``Σ_k γ^k r_k`` and per-turn returns ``G_t = Σ_{k≥t} γ^(k-t) r_k``.
+
+    >>> discounted_returns([0.0, 1.0], 0.5)
+    (0.5, [0.5, 1.0])
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"turn_discount must be in (0, 1] (got {gamma})")
+    returns: list[float] = []
+    g = 0.0
+    for r in reversed(list(turn_rewards)):
+        g = float(r) + gamma * g
+        returns.append(g)
+    returns.reverse()
+    return (returns[0] if returns else 0.0), returns
+
+
+@dataclass
+class Trajectory:
+    """One episode as token ids the trainer consumes exactly as they were sampled.
+
+    Token-aligned lists all have ``len(input_ids)`` entries. ``turn_spans[t] = (start, end)``
+    are the token positions the LLM generated at turn ``t`` (``end`` exclusive), so
+    ``loss_mask[start:end]`` is 1 there and 0 on prompt and env tokens.
+    """
+
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    turn_returns: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    status: str = "ok"
+    info: dict[str, Any] = field(default_factory=dict)
+    group_id: str = ""
+    start_version: int = 0
+    finish_reason: str = "stop"
+    prompt_text: str = ""
+    completion_text: str = ""
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def set_rewards(self, turn_rewards: Sequence[float], turn_discount: float) -> None:
+        """Store per-turn rewards and derive ``reward`` and ``turn_returns``."""
+        self.turn_rewards = [float(r) for r in turn_rewards]
+        self.reward, self.turn_returns = discounted_returns(self.turn_rewards, turn_discount)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if the token-aligned fields disagree."""
+        n = len(self.input_ids)
+        for name in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"trajectory.{name} has {len(getattr(self, name))} entries, input_ids {n}")
+        if self.status not in STATUSES:
+            raise ValueError(f"trajectory.status must be one of {STATUSES} (got {self.status!r})")
+        if not math.isfinite(self.reward):
+            raise ValueError(f"trajectory.reward must be finite (got {self.reward})")
+        for start, end in self.turn_spans:
+            if not 0 <= start <= end <= n:
+                raise ValueError(f"trajectory.turn_spans entry {(start, end)} is outside 0..{n}")
+
+    # -- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["turn_spans"] = [list(s) for s in self.turn_spans]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        traj = cls(**known)
+        traj.turn_spans = [(int(a), int(b)) for a, b in traj.turn_spans]
+        return traj
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        return cls.from_dict(json.loads(line))
