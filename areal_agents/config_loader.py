@@ -109,10 +109,14 @@ def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
             name = str(value)
     from areal_agents.registry import RegistryError, algorithms
 
+
+    if name not in algorithms:
+        known = ", ".join(algorithms.names())
+        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; registered: {known}")
     try:
         spec = algorithms.get(name)
-    except RegistryError:
-        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; registered: {', '.join(algorithms.names())}") from None
+    except RegistryError as exc:
+        raise ConfigError("algorithm.name", str(exc)) from None
     return dict(getattr(spec, "defaults", {}) or {})
 
 

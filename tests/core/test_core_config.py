@@ -1,0 +1,161 @@
+"""Config loading: defaults, YAML + overrides, interpolation, and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.config_loader import config_fields, load_config, to_yaml
+
+
+def test_defaults_validate_and_interpolate():
+    cfg = load_config()
+    assert isinstance(cfg, ExperimentConfig)
+    assert cfg.sglang.dtype == cfg.actor.dtype == "float32"
+    cfg = load_config(overrides=["actor.dtype=bfloat16"])
+    assert cfg.sglang.dtype == "bfloat16"
+    cfg = load_config(overrides=["actor.dtype=bfloat16", "sglang.dtype=float16"])
+    assert cfg.sglang.dtype == "float16"
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("actor:\n  lr: 0.5\nrollout:\n  group_size: 3\nenv:\n  name: guess-number\n")
+    cfg = load_config(path, ["rollout.group_size=5"])
+    assert cfg.actor.lr == 0.5
+    assert cfg.rollout.group_size == 5
+    assert cfg.env.name == "guess-number"
+    # the dumped YAML loads back to the same config
+    again = tmp_path / "again.yaml"
+    again.write_text(to_yaml(cfg))
+    assert load_config(again) == cfg
+
+
+def test_algorithm_defaults_sit_under_user_values():
+    from areal_agents.registry import algorithms
+
+    spec = algorithms.get("dapo")
+    assert spec.defaults, "dapo must declare defaults"
+    key, value = next(iter(spec.defaults.items()))
+    cfg = load_config(overrides=["algorithm.name=dapo"])
+    assert getattr(cfg.algorithm, key) == value
+    # an explicit override wins over the algorithm's default
+    cfg = load_config(overrides=["algorithm.name=dapo", "algorithm.loss_agg_mode=seq-mean-token-mean"])
+    assert cfg.algorithm.loss_agg_mode == "seq-mean-token-mean"
+
+
+BAD = [
+    (["algorithm.c_clip=0.5"], "algorithm.c_clip", "> 1"),
+    (["actor.c_clip=0.5"], "actor.c_clip", "unknown key"),
+    (["no.such.key=1"], "no.such.key", "unknown key"),
+    (["actor.lr=abc"], "actor.lr", "Float"),
+    (["actor.lr=-1"], "actor.lr", "> 0"),
+    (["rollout.batch_size=1.5"], "rollout.batch_size", "Integer"),
+    (["env.turn_discount=0"], "env.turn_discount", "(0, 1]"),
+    (["env.turn_discount=1.5"], "env.turn_discount", "(0, 1]"),
+    (["rollout.max_head_offpolicyness=-1"], "rollout.max_head_offpolicyness", ">= 0"),
+    (["actor.dtype=float64"], "actor.dtype", "one of"),
+    (["actor.grad_reduce_dtype=int8"], "actor.grad_reduce_dtype", "one of"),
+    (["algorithm.use_decoupled_loss=true", "algorithm.recompute_logprob=false"], "algorithm.recompute_logprob", "proximal"),
+    (["inference.backend=sglang"], "inference.backend", "0.4.9.post2"),
+    (["inference.backend=tpu"], "inference.backend", "one of"),
+    (["actor=3"], "actor", "section"),
+    (["justtext"], "justtext", "key=value"),
+    (["algorithm.name=nope"], "algorithm.name", "unknown algorithm"),
+    (["trainer.nproc=3", "actor.hsdp_replicate=2"], "actor.hsdp_replicate", "divide"),
+    (["mode=train"], "train_data", "rollout JSONL"),
+    (["actor.lrr=1"], "actor.lrr", "did you mean actor.lr"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "rule"), BAD)
+def test_bad_values_name_the_key(overrides, key, rule):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    msg = str(info.value)
+    assert msg.startswith(key + ":"), msg
+    assert rule in msg, msg
+    assert "\n" not in msg
+
+
+def test_sglang_version_check(monkeypatch):
+    import importlib.metadata as md
+
+    real = md.version
+    # Fault injection: pretend an installed sglang of a given version.
+    monkeypatch.setattr(md, "version", lambda name: "0.4.8" if name == "sglang" else real(name))
+    with pytest.raises(ConfigError, match="needs sglang >= 0.4.9.post2.*found 0.4.8"):
+        load_config(overrides=["inference.backend=sglang"])
+    monkeypatch.setattr(md, "version", lambda name: "0.5.2" if name == "sglang" else real(name))
+    assert load_config(overrides=["inference.backend=sglang"]).inference.backend == "sglang"
+
+
+def test_bad_yaml_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor: [unclosed\n")
+    with pytest.raises(ConfigError, match="^--config: cannot parse"):
+        load_config(bad)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("actor:\n  optimizer:\n    kind: sgd\n")
+    with pytest.raises(ConfigError, match=r"^actor\.optimizer\.kind: unknown key"):
+        load_config(nested)
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_every_field_has_help():
+    rows = config_fields()
+    assert len(rows) > 80
+    missing = [key for key, _, _, help_text in rows if not help_text.strip()]
+    assert not missing, missing
+
+
+_KEYS = [row[0] for row in config_fields()]
+_VALUES = st.one_of(
+    st.integers(-10**6, 10**6).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["true", "false", "null", "abc", "[1, 2]", "{a: 1}", "''", "${actor.lr}", "${nope}"]),
+    st.text(alphabet="abc.=_-[]{}:,' 0123", max_size=12),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.one_of(st.sampled_from(_KEYS), st.text(alphabet="abcxyz._", min_size=1, max_size=20)),
+    value=_VALUES,
+)
+def test_random_overrides_fail_with_one_line(key, value):
+    try:
+        load_config(overrides=[f"{key}={value}"])
+    except ConfigError as exc:
+        msg = str(exc)
+        assert "\n" not in msg
+        assert ":" in msg and msg.split(":", 1)[0].strip(), msg
+
+
+def test_cli_prints_one_line_and_no_traceback():
+    for args, key in ((["actor.c_clip=0.5"], "actor.c_clip"), (["no.such.key=1"], "no.such.key"),
+                      (["algorithm.c_clip=0.5"], "algorithm.c_clip")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", *args],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert key in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_config_show_lists_fields_with_defaults():
+    proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "config", "show"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for key in ("actor.lr", "rollout.max_head_offpolicyness", "sglang.dtype", "env.turn_discount"):
+        assert key in proc.stdout
+    assert textwrap.dedent("0.0001") in proc.stdout

@@ -1,0 +1,85 @@
+"""Run outputs: ``metrics.jsonl``, TensorBoard events, W&B, sample trajectories."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from areal_agents.config import LoggingConfig
+from areal_agents.types import Trajectory
+
+__all__ = ["MetricsLogger"]
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogger:
+    """Appends one JSON object per step (flushed, so a killed run keeps its history)."""
+
+    def __init__(self, run_dir: str | Path, cfg: LoggingConfig, *, resume: bool = False,
+                 config: dict[str, Any] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg
+        self.start = time.monotonic()
+        self.history: list[dict[str, Any]] = []
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
+        self._samples = open(self.run_dir / "samples.jsonl", "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
+        self._tb: Any = None
+        self._wandb: Any = None
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                self._tb = None
+        if cfg.wandb:
+            import wandb
+
+            self._wandb = wandb.init(project=cfg.wandb_project, dir=str(self.run_dir), config=config,
+                                     name=self.run_dir.name)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        row = {"step": step, "time/elapsed_s": round(time.monotonic() - self.start, 3),
+               **{k: _clean(v) for k, v in metrics.items()}}
+        self.history.append(row)
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        for key, value in row.items():
+            if self._tb is not None and isinstance(value, (int, float)) and key != "step":
+                self._tb.add_scalar(key, value, step)
+        if self._tb is not None:
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        return row
+
+    def log_samples(self, step: int, trajectories: list[Trajectory]) -> None:
+        for traj in trajectories[: self.cfg.samples_per_step]:
+            self._samples.write(json.dumps({
+                "step": step, "prompt": traj.prompt_text, "completion": traj.completion_text,
+                "reward": traj.reward, "status": traj.status, "turns": traj.num_turns,
+            }, ensure_ascii=False) + "\n")
+        self._samples.flush()
+
+    def close(self) -> None:
+        for fh in (self._metrics, self._samples):
+            if not fh.closed:
+                fh.flush()
+                os.fsync(fh.fileno())
+                fh.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
