@@ -1,0 +1,204 @@
+"""Build the tiny default model offline: a byte-level BPE tokenizer trained on the task's
+text and a ~1M-parameter Qwen2-architecture causal LM, saved as a normal HF model dir.
+
+Nothing is downloaded: the tokenizer is trained here with the ``tokenizers`` library and
+the model is randomly initialised from a seed, so the same texts and seed always give the
+same files. ``ensure_tiny_model`` caches the result under :func:`cache_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BOS_TOKEN",
+    "CHAT_TEMPLATE",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "build_tiny_model",
+    "cache_dir",
+    "ensure_tiny_model",
+    "tiny_model_dir",
+]
+
+EOS_TOKEN = "<|im_end|>"
+BOS_TOKEN = "<|im_start|>"
+PAD_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
+
+# ChatML, as Qwen models use it: every message is "<|im_start|>role\ncontent<|im_end|>\n".
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Pre-tokenisation as Qwen2's tokenizer does it (transformers loads a qwen2 model dir with
+# that class and rebuilds this pipeline): contractions, letter runs, single digits (so
+# numbers are tokenised digit by digit), punctuation runs, newlines, whitespace.
+_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Bump when the builder's output changes, so cached models are rebuilt.
+_BUILDER_VERSION = 1
+
+_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "num_layers": 4,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 384,
+    "max_position_embeddings": 1024,
+    "seed": 0,
+}
+
+
+def cache_dir() -> Path:
+    """Root of cached artefacts: ``$AREAL_AGENTS_CACHE`` or ``~/.cache/areal-agents``."""
+    root = os.environ.get("AREAL_AGENTS_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "areal-agents"
+
+
+def _train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
+    """Train a byte-level BPE tokenizer (one token per digit) with ChatML special tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((str(t) for t in texts), trainer=trainer)
+    return tok
+
+
+def build_tiny_model(
+    texts: Iterable[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    vocab_size: int = _DEFAULTS["vocab_size"],
+    hidden_size: int = _DEFAULTS["hidden_size"],
+    num_layers: int = _DEFAULTS["num_layers"],
+    num_heads: int = _DEFAULTS["num_heads"],
+    num_kv_heads: int = _DEFAULTS["num_kv_heads"],
+    intermediate_size: int = _DEFAULTS["intermediate_size"],
+    max_position_embeddings: int = _DEFAULTS["max_position_embeddings"],
+    seed: int = _DEFAULTS["seed"],
+) -> Path:
+    """Train a tokenizer on ``texts``, initialise a tiny Qwen2 LM, save both to ``out_dir``.
+
+    ``vocab_size`` is an upper bound: the BPE vocabulary has at most that many entries
+    (259 = 256 bytes + 3 specials at least) and the model's embedding matches it exactly.
+    Returns ``out_dir`` as a :class:`Path`; deterministic in ``texts`` and the keywords.
+    """
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (got {vocab_size})")
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError("hidden_size must divide by num_heads and num_heads by num_kv_heads")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    raw = _train_tokenizer(texts, vocab_size)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=[BOS_TOKEN],
+        model_max_length=max_position_embeddings,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+
+    config = Qwen2Config(
+        vocab_size=raw.get_vocab_size(),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.02,
+        use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _config_hash(kw: dict[str, Any]) -> str:
+    blob = json.dumps({"builder": _BUILDER_VERSION, **kw}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def tiny_model_dir(name: str, **kw: Any) -> Path:
+    """Where :func:`ensure_tiny_model` keeps the model ``name`` built with ``kw``."""
+    unknown = set(kw) - set(_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown tiny-model option(s): {', '.join(sorted(unknown))}")
+    full = {**_DEFAULTS, **kw}
+    return cache_dir() / "models" / f"{name}-{_config_hash(full)}"
+
+
+def ensure_tiny_model(name: str, texts_fn: Callable[[], Iterable[str]], **kw: Any) -> Path:
+    """Return the cached tiny model ``name``, building it from ``texts_fn()`` if missing.
+
+    ``name`` should identify the text corpus (e.g. the env name); ``kw`` are the
+    :func:`build_tiny_model` keywords and are part of the cache key. The build goes to a
+    temporary sibling directory that is renamed into place, so a crash never leaves a
+    half-written model and concurrent builders do not clash.
+    """
+    target = tiny_model_dir(name, **kw)
+    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build_tiny_model(texts_fn(), tmp, **kw)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

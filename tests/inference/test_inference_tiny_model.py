@@ -1,0 +1,94 @@
+"""The tiny default model: offline, deterministic, loadable like any HF model dir."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from areal_agents.inference.tiny_model import (
+    EOS_TOKEN,
+    build_tiny_model,
+    ensure_tiny_model,
+    tiny_model_dir,
+)
+
+
+def corpus(n: int = 400, seed: int = 0) -> Iterator[str]:
+    rng = random.Random(seed)
+    for _ in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        yield f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n{a + b}<|im_end|>\n"
+
+
+def digests(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(corpus(), tmp_path_factory.mktemp("tiny") / "m", seed=3)
+
+
+def test_same_inputs_give_identical_files(model_dir: Path, tmp_path: Path) -> None:
+    again = build_tiny_model(corpus(), tmp_path / "again", seed=3)
+    assert digests(again) == digests(model_dir)
+    other_seed = build_tiny_model(corpus(), tmp_path / "seed4", seed=4)
+    d4 = digests(other_seed)
+    assert d4["model.safetensors"] != digests(model_dir)["model.safetensors"]
+    assert d4["tokenizer.json"] == digests(model_dir)["tokenizer.json"]
+
+
+def test_loads_with_auto_classes(model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 300_000 < n_params < 2_000_000
+    assert model.config.model_type == "qwen2"
+    assert model.config.vocab_size == len(tok)
+    assert tok.eos_token == EOS_TOKEN and tok.eos_token_id == model.config.eos_token_id
+    assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    ids = tok.encode("sum 12345")
+    assert [tok.decode([i]) for i in ids[-5:]] == list("12345")
+    assert tok.decode(tok.encode("What is 7 + 8?\n  x")) == "What is 7 + 8?\n  x"
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), len(tok))
+
+
+def test_chat_template_is_chatml(model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    msgs = [{"role": "user", "content": "What is 1 + 2?"}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text)
+    assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
+    assert ids.count(tok.eos_token_id) == 1
+
+
+def test_ensure_builds_once_into_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
+    calls: list[int] = []
+
+    def texts() -> Iterator[str]:
+        calls.append(1)
+        return corpus(100)
+
+    first = ensure_tiny_model("unit", texts, hidden_size=64, num_layers=2)
+    second = ensure_tiny_model("unit", texts, hidden_size=64, num_layers=2)
+    assert first == second == tiny_model_dir("unit", hidden_size=64, num_layers=2)
+    assert first.parent == tmp_path / "cache" / "models"
+    assert calls == [1]
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp dirs left
+    third = ensure_tiny_model("unit", texts, hidden_size=64, num_layers=1)
+    assert third != first and calls == [1, 1]
+    with pytest.raises(TypeError, match="hiden_size"):
+        tiny_model_dir("unit", hiden_size=3)
