@@ -17,6 +17,7 @@ from areal_agents.registry import KINDS, RegistryError, load_object
 __all__ = ["build_parser", "main"]
 
 # subcommand -> implementation; each is called as fn(args) and returns an exit code.
+# For run/sft/eval, ``args.cfg`` holds the validated ExperimentConfig.
 COMMANDS = {
     "run": "trainers.loop:cli_run",
     "sft": "trainers.sft:cli_sft",
@@ -61,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="print the registries")
     p.add_argument("kind", nargs="?", choices=[*KINDS, *(k[:-1] for k in KINDS)], help="one registry only")
     p = sub.add_parser("config", help="show or check a config")
-    p.add_argument("action", choices=["show", "check"], help="show: every field with default and help; "
-                   "check: load and validate, print the resolved YAML")
+    p.add_argument("action", choices=["show", "check", "markdown"], help="show: every field with default and "
+                   "help; check: load and validate, print the resolved YAML; markdown: the docs/config.md reference")
     _add_config_args(p)
     return parser
 
@@ -101,8 +102,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from areal_agents.config_loader import config_fields, to_yaml
+    from areal_agents.config_loader import config_fields, config_reference, to_yaml
 
+    if args.action == "markdown":
+        print(config_reference(), end="")
+        return 0
     if args.action == "check":
         print(to_yaml(load_args_config(args)), end="")
         return 0
@@ -126,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_list(args)
         if args.command == "config":
             return _cmd_config(args)
+        if args.command in ("run", "sft", "eval"):
+            args.cfg = load_args_config(args)  # validate before importing anything heavy
         spec = COMMANDS[args.command]
         try:
             handler = load_object(spec)

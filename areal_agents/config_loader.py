@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
 
-__all__ = ["config_fields", "load_config", "to_yaml"]
+__all__ = ["config_fields", "config_reference", "load_config", "to_yaml"]
 
 T = TypeVar("T")
 
@@ -182,3 +182,20 @@ def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
             type_name = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
             rows.append((prefix + fld.name, str(type_name), value, fld.metadata.get("help", "")))
     return rows
+
+
+def config_reference() -> str:
+    """Markdown reference of every config key (``docs/config.md`` is generated from this)."""
+    lines = ["# Config reference", "",
+             "Generated from the dataclasses in `areal_agents/config.py` by "
+             "`areal-agents config markdown > docs/config.md`; a test fails when this file is stale.",
+             "Set any key in a YAML file (`--config`) or as `key=value` on the command line."]
+    section = None
+    for key, type_name, default, help_text in config_fields():
+        head = key.split(".")[0] if "." in key else "(top level)"
+        if head != section:
+            section = head
+            lines += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        shown = repr(default).replace("|", "\\|")
+        lines.append(f"| `{key}` | `{type_name.replace('|', 'or')}` | `{shown}` | {help_text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -159,3 +159,12 @@ def test_config_show_lists_fields_with_defaults():
     for key in ("actor.lr", "rollout.max_head_offpolicyness", "sglang.dtype", "env.turn_discount"):
         assert key in proc.stdout
     assert textwrap.dedent("0.0001") in proc.stdout
+
+
+def test_config_reference_doc_is_current():
+    from pathlib import Path
+
+    from areal_agents.config_loader import config_reference
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+    assert doc.read_text() == config_reference(), "docs/config.md is stale: areal-agents config markdown > docs/config.md"
