@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from areal_agents.types import Trajectory
+
 __all__ = ["Generation", "LLM", "Tokenizer"]
 
 
@@ -53,3 +55,211 @@ class LLM(ABC):
     @abstractmethod
     async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
         """Complete ``input_ids`` with SGLang ``sampling_params`` (``max_new_tokens``, ...)."""
+
+    # -- construction -------------------------------------------------------------------
+    def __init__(self, tokenizer: Tokenizer, default_sampling: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.default_sampling: dict[str, Any] = dict(default_sampling or {})
+        self._turn_end: str | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the recorded episode (the handle can then play a new one)."""
+        self._ids: list[int] = []
+        self._mask: list[int] = []
+        self._logprobs: list[float] = []
+        self._versions: list[int] = []
+        self._spans: list[tuple[int, int]] = []
+        self._finish_reasons: list[str] = []
+        self._messages: list[dict[str, Any]] = []
+        self._prompt_len: int | None = None
+        self.last_generation: Generation | None = None
+
+    # -- recorded state ---------------------------------------------------------------------
+    @property
+    def input_ids(self) -> list[int]:
+        """Every token of the episode so far: prompts, generations, env replies."""
+        return list(self._ids)
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return list(self._mask)
+
+    @property
+    def logprobs(self) -> list[float]:
+        return list(self._logprobs)
+
+    @property
+    def versions(self) -> list[int]:
+        return list(self._versions)
+
+    @property
+    def turn_spans(self) -> list[tuple[int, int]]:
+        return list(self._spans)
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return list(self._finish_reasons)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation ``chat`` has seen, with the assistant replies it returned."""
+        return [dict(m) for m in self._messages]
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self._mask)
+
+    def _append(self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
+                versions: list[int] | None = None) -> None:
+        n = len(ids)
+        self._ids.extend(int(i) for i in ids)
+        self._mask.extend([1 if generated else 0] * n)
+        self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * n)
+        self._versions.extend([int(v) for v in versions] if versions is not None else [-1] * n)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        if not isinstance(text, str):
+            raise TypeError(f"tokenizer.apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
+        return text
+
+    def _sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        merged = {**self.default_sampling, **overrides}
+        return {k: v for k, v in merged.items() if v is not None}
+
+    # -- token-level API ----------------------------------------------------------------------
+    async def _record_generation(self, sampling: dict[str, Any]) -> Generation:
+        gen = await self._generate(list(self._ids), self._sampling(sampling))
+        n = len(gen.output_ids)
+        if len(gen.logprobs) != n or len(gen.versions) != n:
+            raise ValueError(
+                f"backend returned {n} output ids but {len(gen.logprobs)} logprobs and {len(gen.versions)} versions"
+            )
+        start = len(self._ids)
+        self._append(gen.output_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
+        self._spans.append((start, start + n))
+        self._finish_reasons.append(gen.finish_reason)
+        self.last_generation = gen
+        return gen
+
+    async def generate(self, input_ids: list[int], **sampling: Any) -> Generation:
+        """Complete ``input_ids`` and record the result (for token-level agents).
+
+        ``input_ids`` must extend the tokens recorded so far (the first call may pass anything):
+        the new tail is recorded as context (loss mask 0) and the output as generated tokens.
+        """
+        ids = [int(i) for i in input_ids]
+        n = len(self._ids)
+        if ids[:n] != self._ids:
+            raise ValueError(
+                f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
+                "(extend the sequence, or call llm.reset() to start a new episode)"
+            )
+        if self._prompt_len is None:
+            self._prompt_len = len(ids)
+        self._append(ids[n:], generated=False)
+        return await self._record_generation(sampling)
+
+    # -- chat API ---------------------------------------------------------------------------
+    def _turn_end_text(self) -> str:
+        """Text the chat template puts after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
+        if self._turn_end is None:
+            probe = "Zq7ProbeQz"
+            text = self._render(
+                [{"role": "user", "content": "x"}, {"role": "assistant", "content": probe}], False
+            )
+            pos = text.rfind(probe)
+            self._turn_end = text[pos + len(probe):] if pos >= 0 else ""
+        return self._turn_end
+
+    def _delta_text(self, new: list[dict[str, Any]]) -> str:
+        """Rendered text of ``new`` messages appended to the recorded conversation."""
+        old = self._render(self._messages, False)
+        full = self._render(self._messages + new, True)
+        if full.startswith(old):
+            return full[len(old):]
+        # Templates that rewrite earlier turns: render the new messages after a neutral stub.
+        stub = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+        old = self._render(stub, False)
+        full = self._render(stub + new, True)
+        if full.startswith(old):
+            return full[len(old):]
+        raise ValueError(
+            "llm.chat: the tokenizer's chat template is not append-only (rendering more messages changes "
+            "the text of earlier ones), so new turns cannot be appended as tokens"
+        )
+
+    def _close_turn(self, gen: Generation) -> None:
+        """Append the template's end-of-turn text after a generated turn, as context.
+
+        If the turn ended with an end-of-turn/EOS token whose text starts the template's
+        turn end (``<|im_end|>`` for ChatML), only the rest (``\\n``) is appended; otherwise
+        (cut by ``max_new_tokens``, a stop string, or another EOS) the whole turn end is
+        appended. Either way these tokens have loss mask 0: the model is never trained to
+        emit an end-of-turn token it did not sample.
+        """
+        end = self._turn_end_text()
+        if gen.output_ids and gen.finish_reason == "stop":
+            last = self.tokenizer.decode([gen.output_ids[-1]], skip_special_tokens=False)
+            if last and end.startswith(last):
+                end = end[len(last):]
+        self._append(self._encode(end), generated=False)
+
+    async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> str:
+        """Reply to ``messages`` (OpenAI-style dicts) and record the exact tokens.
+
+        The first call renders the chat template with a generation prompt. Later calls must
+        pass the previous conversation (including the assistant replies this method returned)
+        plus new messages; only the rendered text of the new messages is tokenized and
+        appended, never the earlier turns. Sampling keywords use SGLang names
+        (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop``, ``stop_token_ids``).
+        """
+        messages = [dict(m) for m in messages]
+        n = len(self._messages)
+        if n == 0:
+            if not messages:
+                raise ValueError("llm.chat: messages is empty")
+            prompt = self._render(messages, True)
+            ids = self._encode(prompt)
+            self._prompt_len = len(self._ids) + len(ids)
+            self._append(ids, generated=False)
+        else:
+            if len(messages) <= n or any(
+                a.get("role") != b.get("role") or (a.get("role") != "assistant" and a.get("content") != b.get("content"))
+                for a, b in zip(messages[:n], self._messages, strict=True)
+            ):
+                raise ValueError(
+                    f"llm.chat: messages must repeat the {n} messages of this episode so far (with the replies "
+                    "chat returned) and add at least one new message; use a new LLM (or llm.reset()) per episode"
+                )
+            self._append(self._encode(self._delta_text(messages[n:])), generated=False)
+        self._messages = self._messages[:n] + messages[n:] if n else messages
+        gen = await self._record_generation(sampling)
+        text = self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=True)
+        self._close_turn(gen)
+        self._messages.append({"role": "assistant", "content": text})
+        return text
+
+    # -- export -----------------------------------------------------------------------------
+    def to_trajectory(self, **fields: Any) -> Trajectory:
+        """The recorded tokens as a :class:`~areal_agents.types.Trajectory` (``fields`` override)."""
+        cut = self._spans[0][0] if self._spans else len(self._ids)
+        traj = Trajectory(
+            input_ids=list(self._ids),
+            loss_mask=list(self._mask),
+            logprobs=list(self._logprobs),
+            versions=list(self._versions),
+            turn_spans=list(self._spans),
+            finish_reason=self._finish_reasons[-1] if self._finish_reasons else "stop",
+            prompt_text=self.tokenizer.decode(self._ids[:cut], skip_special_tokens=False),
+            completion_text=self.tokenizer.decode(self._ids[cut:], skip_special_tokens=False),
+        )
+        for key, value in fields.items():
+            setattr(traj, key, value)
+        return traj
