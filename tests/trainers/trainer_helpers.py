@@ -1,0 +1,73 @@
+"""Shared pieces of the trainer tests: a tiny Qwen2 dir, synthetic trajectories, a simple loss.
+
+Imported by tests/trainers/test_trainer_*.py and by the worker processes they start.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_agents.config import ActorConfig, ExperimentConfig, TrainerConfig
+from areal_agents.types import Trajectory
+
+__all__ = ["VOCAB", "make_cfg", "make_trajs", "nll_loss_fn", "tiny_qwen"]
+
+VOCAB = 64
+
+
+def tiny_qwen(path: str | Path, seed: int = 0, tie: bool = True) -> Path:
+    """Save a randomly initialised 2-layer Qwen2 (vocab 64, hidden 32) to ``path``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tie, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(path)
+    return Path(path)
+
+
+def make_trajs(n: int, seed: int = 0, min_len: int = 6, max_len: int = 40) -> list[Trajectory]:
+    """``n`` trajectories of mixed lengths: a prompt, then one or two generated turns."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(min_len, max_len)
+        ids = [rng.randrange(2, VOCAB) for _ in range(length)]
+        prompt = rng.randint(2, max(2, length // 2))
+        mask = [0] * prompt + [1] * (length - prompt)
+        spans = [(prompt, length)]
+        if length - prompt >= 6:  # two turns with an env reply in between
+            mid = prompt + (length - prompt) // 2
+            mask[mid : mid + 2] = [0, 0]
+            spans = [(prompt, mid), (mid + 2, length)]
+        traj = Trajectory(input_ids=ids, loss_mask=mask,
+                          logprobs=[-rng.random() if m else 0.0 for m in mask],
+                          versions=[0 if m else -1 for m in mask], turn_spans=spans,
+                          group_id=f"g{i // 4}", finish_reason=rng.choice(["stop", "length"]))
+        traj.set_rewards([rng.random() for _ in spans], 0.9)
+        out.append(traj)
+    return out
+
+
+def make_cfg(**actor: Any) -> ExperimentConfig:
+    """Float32 CPU config with a constant LR (actor fields overridable)."""
+    a = {"lr": 1e-2, "max_tokens_per_mb": 10_000, "max_grad_norm": 1.0, **actor}
+    return ExperimentConfig(actor=ActorConfig(**a), trainer=TrainerConfig(total_steps=100))
+
+
+def nll_loss_fn(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
+                entropy: torch.Tensor | None = None, values: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Return-weighted token-mean NLL over the whole batch: ``-Σ G_t logp_t / norm.tokens``."""
+    mask = mb["loss_mask"].float()
+    loss = -(logp * mb["turn_returns"] * mask).sum() / norm.tokens
+    metrics = {"logp_mean": float((logp.detach() * mask).sum() / mask.sum().clamp(min=1))}
+    if entropy is not None:
+        metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    return loss, metrics

@@ -1,0 +1,217 @@
+"""Trajectories to padded tensors, split deterministically over ranks and micro-batches.
+
+A *batch* is a dict of tensors whose first dimension is the number of sequences ``B``;
+token-aligned entries are ``[B, T]`` and right-padded. ``loss_mask[b, t]`` is True where
+token ``t`` was generated, and that token's logprob sits at ``logprobs[b, t]`` (index 0 of
+every row is never generated, so position ``t`` is predicted from positions ``< t``).
+
+Splitting never changes the loss: ranks get whole sequences (longest first onto the rank
+with the fewest tokens), and each rank cuts its share into length-sorted micro-batches whose
+padded size ``rows × longest row`` stays within ``actor.max_tokens_per_mb``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from areal_agents.types import Trajectory
+
+__all__ = [
+    "Batch",
+    "batch_size",
+    "collate",
+    "concat_batches",
+    "load_trajectories",
+    "micro_batch_indices",
+    "rank_indices",
+    "select",
+    "seq_lens",
+]
+
+Batch = dict[str, torch.Tensor]
+
+
+def _generated_returns(traj: Trajectory, n: int) -> list[float]:
+    """Per-token return: each generated token of turn ``k`` gets ``turn_returns[k]``."""
+    out = [0.0] * n
+    if traj.turn_spans and len(traj.turn_returns) == len(traj.turn_spans):
+        for (start, end), ret in zip(traj.turn_spans, traj.turn_returns, strict=True):
+            for t in range(start, end):
+                if traj.loss_mask[t]:
+                    out[t] = float(ret)
+    else:
+        for t in range(n):
+            if traj.loss_mask[t]:
+                out[t] = float(traj.reward)
+    return out
+
+
+def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
+    """Right-padded tensors for ``trajs``.
+
+    Returns ``input_ids`` [B,T] long, ``attention_mask`` [B,T] long, ``loss_mask`` [B,T] bool,
+    ``logprobs`` [B,T] float32, ``versions`` [B,T] long (-1 where not generated),
+    ``turn_returns`` [B,T] float32, ``rewards`` [B] float32, ``group_ids`` [B] long (groups
+    numbered by first appearance), ``no_eos`` [B] bool (finish_reason == "length"),
+    ``response_lengths`` [B] long (generated tokens), ``seq_lens`` [B] long.
+    """
+    if not trajs:
+        raise ValueError("cannot collate an empty list of trajectories")
+    for i, tr in enumerate(trajs):
+        try:
+            tr.validate()
+        except ValueError as exc:
+            raise ValueError(f"trajectory {i}: {exc}") from None
+        if len(tr.input_ids) < 2 or tr.loss_mask[0]:
+            raise ValueError(f"trajectory {i}: needs a prompt token before the first generated token")
+    lens = [len(t.input_ids) for t in trajs]
+    b, t_max = len(trajs), max(lens)
+    out: Batch = {
+        "input_ids": torch.full((b, t_max), pad_token_id, dtype=torch.long),
+        "attention_mask": torch.zeros((b, t_max), dtype=torch.long),
+        "loss_mask": torch.zeros((b, t_max), dtype=torch.bool),
+        "logprobs": torch.zeros((b, t_max), dtype=torch.float32),
+        "versions": torch.full((b, t_max), -1, dtype=torch.long),
+        "turn_returns": torch.zeros((b, t_max), dtype=torch.float32),
+    }
+    groups: dict[str, int] = {}
+    for i, tr in enumerate(trajs):
+        n = lens[i]
+        out["input_ids"][i, :n] = torch.tensor(tr.input_ids, dtype=torch.long)
+        out["attention_mask"][i, :n] = 1
+        out["loss_mask"][i, :n] = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        out["logprobs"][i, :n] = torch.tensor(tr.logprobs, dtype=torch.float32)
+        out["versions"][i, :n] = torch.tensor(tr.versions, dtype=torch.long)
+        out["turn_returns"][i, :n] = torch.tensor(_generated_returns(tr, n), dtype=torch.float32)
+        groups.setdefault(tr.group_id or f"__single{i}", len(groups))
+    out["versions"][~out["loss_mask"]] = -1
+    out["rewards"] = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
+    out["group_ids"] = torch.tensor([groups[t.group_id or f"__single{i}"] for i, t in enumerate(trajs)])
+    out["no_eos"] = torch.tensor([t.finish_reason == "length" for t in trajs], dtype=torch.bool)
+    out["response_lengths"] = out["loss_mask"].sum(1)
+    out["seq_lens"] = torch.tensor(lens, dtype=torch.long)
+    return out
+
+
+def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
+    return int(batch["input_ids"].shape[0])
+
+
+def seq_lens(batch: Mapping[str, torch.Tensor]) -> list[int]:
+    """Unpadded length of every row (from ``seq_lens`` or ``attention_mask``)."""
+    if "seq_lens" in batch:
+        return [int(x) for x in batch["seq_lens"].tolist()]
+    return [int(x) for x in batch["attention_mask"].sum(1).tolist()]
+
+
+def select(batch: Mapping[str, torch.Tensor], idx: Sequence[int]) -> Batch:
+    """Rows ``idx`` of ``batch``, with token-aligned tensors trimmed to their longest row.
+
+    Tensors whose first dim is not ``B`` (batch-level scalars) are carried unchanged.
+    """
+    b = batch_size(batch)
+    t_full = int(batch["input_ids"].shape[1])
+    index = torch.tensor(list(idx), dtype=torch.long)
+    lens = seq_lens(batch)
+    t_new = max((lens[i] for i in idx), default=0)
+    out: Batch = {}
+    for key, value in batch.items():
+        if value.dim() >= 1 and value.shape[0] == b:
+            v = value.index_select(0, index)
+            if v.dim() >= 2 and value.shape[1] == t_full:
+                v = v[:, :t_new]
+            out[key] = v
+        else:
+            out[key] = value
+    return out
+
+
+def concat_batches(parts: Sequence[Mapping[str, torch.Tensor]], pad_token_id: int = 0) -> Batch:
+    """Stack batches row-wise, right-padding token-aligned tensors to the longest row."""
+    t_max = max(int(p["input_ids"].shape[1]) for p in parts)
+    out: Batch = {}
+    for key in parts[0]:
+        vals = []
+        for p in parts:
+            v, t = p[key], int(p["input_ids"].shape[1])
+            if v.dim() >= 2 and v.shape[1] == t and t < t_max:
+                fill = pad_token_id if key == "input_ids" else (-1 if key == "versions" else 0)
+                pad = torch.full((v.shape[0], t_max - t, *v.shape[2:]), fill, dtype=v.dtype)
+                v = torch.cat([v, pad], 1)
+            vals.append(v)
+        out[key] = torch.cat(vals, 0)
+    return out
+
+
+def rank_indices(lens: Sequence[int], world: int, rank: int) -> list[int]:
+    """Rows assigned to ``rank``: longest first onto the rank with fewest tokens (ties to the
+    lower rank), so every rank computes the same split without communication."""
+    load = [0] * world
+    owned: list[list[int]] = [[] for _ in range(world)]
+    for i in sorted(range(len(lens)), key=lambda j: (-lens[j], j)):
+        r = min(range(world), key=lambda k: (load[k], len(owned[k]), k))
+        owned[r].append(i)
+        load[r] += lens[i]
+    return sorted(owned[rank])
+
+
+def micro_batch_indices(lens: Sequence[int], max_tokens: int, min_count: int = 1) -> list[list[int]]:
+    """Length-sorted micro-batches whose ``rows × longest`` is at most ``max_tokens``.
+
+    A row longer than the budget forms its own micro-batch. When fewer than ``min_count``
+    micro-batches result, the largest ones are halved; if there are fewer rows than
+    ``min_count``, empty micro-batches pad the list (ranks must run the same number of
+    forward passes under FSDP). Returns lists of row indices into ``lens``.
+    """
+    order = sorted(range(len(lens)), key=lambda j: (-lens[j], j))
+    mbs: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lens[cur[0]] if cur else lens[i]
+        if cur and (len(cur) + 1) * longest > max_tokens:
+            mbs.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        mbs.append(cur)
+    while len(mbs) < min_count:
+        splittable = [m for m in mbs if len(m) > 1]
+        if not splittable:
+            mbs.extend([] for _ in range(min_count - len(mbs)))
+            break
+        big = max(splittable, key=lambda m: len(m) * lens[m[0]])
+        k = mbs.index(big)
+        half = len(big) // 2
+        mbs[k : k + 1] = [big[:half], big[half:]]
+    return mbs
+
+
+def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
+    """Read a rollout JSONL (one :class:`Trajectory` per line; blank lines skipped).
+
+    A bad line raises ``ValueError("<path>:<line>: <reason>")``.
+    """
+    trajs: list[Trajectory] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj: Any = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+                if "input_ids" not in obj:
+                    raise ValueError("missing field 'input_ids'")
+                traj = Trajectory.from_dict(obj)
+                traj.validate()
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            trajs.append(traj)
+    if not trajs:
+        raise ValueError(f"{path}: no trajectories")
+    return trajs

@@ -1,0 +1,346 @@
+"""The FSDP2 training engine: HF models sharded with ``fully_shard`` over a device mesh.
+
+A :class:`TrainEngine` holds the policy (``actor``), a frozen reference copy when
+``algorithm.kl_ctl > 0``, and a critic (value head on the same architecture) for algorithms
+that need one. Every rank holds the same full batch (the RL loop gives every rank the same
+trajectories). :meth:`TrainEngine.compute_logprobs` splits the rows over ranks, runs
+length-sorted micro-batches and all-reduces, so every rank ends with the full ``[B, T]``
+tensor. :meth:`TrainEngine.train_batch` accumulates gradients over this rank's micro-batches
+and takes one optimiser step; the loss function sees global denominators (``LossNorm``), so
+the micro-batch losses of all ranks sum to the full-batch loss however the batch is split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from areal_agents.config import ExperimentConfig
+from areal_agents.types import Trajectory
+from trainers import dist as tdist
+from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
+
+__all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "lr_lambda", "make_loss_norm", "token_logprobs"]
+
+LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Norm(NamedTuple):
+    tokens: float
+    seqs: float
+    max_len: float
+
+
+def make_loss_norm(tokens: float, seqs: float, max_len: float) -> Any:
+    """``algorithms.losses.LossNorm(tokens, seqs, max_len)`` (an equivalent named tuple if the
+    algorithms package does not define it)."""
+    try:
+        from algorithms.losses import LossNorm  # type: ignore[import-not-found]
+    except ImportError:
+        return _Norm(tokens, seqs, max_len)
+    return LossNorm(tokens, seqs, max_len)
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """LR multiplier: linear warmup over ``warmup`` steps, then constant or cosine to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-aligned ``log_softmax(logits / temperature)`` of the tokens that were fed.
+
+    ``logits`` [B,T,V] (position ``t`` predicts token ``t+1``), ``input_ids`` [B,T] →
+    logprobs [B,T] with index 0 = 0 and index ``t`` the logprob of ``input_ids[:, t]``;
+    with ``with_entropy`` also the entropy [B,T] of the distribution that produced token ``t``.
+    """
+    logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logp = torch.nn.functional.pad(logp, (1, 0))
+    ent = None
+    if with_entropy:
+        ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))
+    return logp, ent
+
+
+class ShardedModel:
+    """One HF model sharded per decoder layer plus the root, with its optimiser and schedule.
+
+    ``kind``: ``lm`` (causal LM) or ``value`` (token classification, one label). ``lr=None``
+    freezes the model (no optimiser).
+    """
+
+    def __init__(self, cfg: ExperimentConfig, path: Path, mesh: Any, device: torch.device, *, kind: str,
+                 lr: float | None, total_steps: int) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+        torch.manual_seed(cfg.seed)  # a fresh value head is identical on every rank
+        if kind == "value":
+            hf_cfg = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
+            model = AutoModelForTokenClassification.from_pretrained(path, config=hf_cfg, dtype=torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.kind, self.config = kind, model.config
+        model.to(device)
+        a = cfg.actor
+        if a.gradient_checkpointing and lr is not None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        mp = MixedPrecisionPolicy(param_dtype=DTYPES[a.dtype], reduce_dtype=DTYPES[a.grad_reduce_dtype])
+        layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+        if not layers:
+            raise ValueError(f"{type(model).__name__}: no *DecoderLayer modules to shard")
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        self.model = model
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if lr is None:
+            model.eval()
+            model.requires_grad_(False)
+            return
+        model.train()  # dropout is 0 in these configs; train mode enables gradient checkpointing
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(a.betas[0], a.betas[1]),
+                                           weight_decay=a.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, a.warmup_steps, total_steps, a.lr_schedule, a.min_lr_ratio))
+
+    def forward(self, mb: Batch, device: torch.device, temperature: float,
+                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``."""
+        out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=mb["attention_mask"].to(device),
+                         use_cache=False).logits
+        if self.kind == "value":  # values[:, t] = value of the state before token t
+            return torch.nn.functional.pad(out[:, :-1, 0].float(), (1, 0)), None
+        return token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
+
+    def clip_and_step(self, max_norm: float) -> float:
+        """Clip gradients (``max_norm`` 0 = off), step unless the norm is not finite; return the norm."""
+        assert self.optimizer is not None and self.scheduler is not None
+        total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm or float("inf"))
+        norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm
+
+
+class TrainEngine:
+    """Policy + optional reference and critic, sharded with FSDP2 (see the module docstring).
+
+    World size 1 needs no launcher (a one-rank gloo group is created); N ranks come from
+    ``torchrun`` or :func:`trainers.dist.spawn`. ``critic=None`` asks the algorithm spec
+    (``needs_critic``); ``total_steps`` sets the LR schedule length (default
+    ``trainer.total_steps × algorithm.ppo_n_minibatches``).
+    """
+
+    def __init__(self, cfg: ExperimentConfig, model_path: str | os.PathLike[str], *, critic: bool | None = None,
+                 total_steps: int | None = None, lr: float | None = None) -> None:
+        self.cfg, self.model_path = cfg, Path(model_path)
+        self.rank, self.world = tdist.init_distributed(cfg.trainer.device)
+        self.mesh = tdist.build_mesh(cfg.trainer.device, cfg.actor.hsdp_replicate)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cfg.trainer.device == "cuda" \
+            else torch.device("cpu")
+        total = total_steps if total_steps is not None else cfg.trainer.total_steps * cfg.algorithm.ppo_n_minibatches
+        self.actor = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm",
+                                  lr=lr if lr is not None else cfg.actor.lr, total_steps=total)
+        self.ref = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm", lr=None,
+                                total_steps=total) if cfg.algorithm.kl_ctl > 0 else None
+        if critic is None:
+            critic = _spec_needs_critic(cfg.algorithm.name)
+        self.critic = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="value",
+                                   lr=cfg.actor.critic_lr, total_steps=total) if critic else None
+        self.hf_config = self.actor.config
+        self.step = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.actor.model
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.hf_config.pad_token_id
+        return int(pad) if pad is not None else 0
+
+    def trainable(self) -> dict[str, ShardedModel]:
+        """The models that have optimisers (what a checkpoint must hold)."""
+        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
+
+    # -- batches ------------------------------------------------------------------------------
+    def to_batch(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor]) -> Batch:
+        """Collate trajectories (pad id from the model config) or pass a batch through."""
+        if isinstance(data, Mapping):
+            return dict(data)
+        return collate(list(data), pad_token_id=self.pad_token_id)
+
+    def _all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.world > 1:
+            t = t.to(self.device)
+            dist.all_reduce(t, op=op)
+        return t.cpu()
+
+    def _plan(self, batch: Batch) -> tuple[list[int], list[list[int]]]:
+        """This rank's rows and their micro-batches (row lists into ``batch``); every rank gets
+        the same number of micro-batches (padded with empty ones) so FSDP collectives match."""
+        lens = seq_lens(batch)
+        mine = rank_indices(lens, self.world, self.rank)
+        budget = self.cfg.actor.max_tokens_per_mb
+        n_local = len(micro_batch_indices([lens[i] for i in mine], budget)) if mine else 0
+        n = int(self._all_reduce(torch.tensor([float(n_local)]), dist.ReduceOp.MAX).item())
+        mbs = micro_batch_indices([lens[i] for i in mine], budget, min_count=max(n, 1))
+        return mine, [[mine[j] for j in mb] for mb in mbs]
+
+    def _dummy(self) -> Batch:
+        return {"input_ids": torch.full((1, 2), self.pad_token_id, dtype=torch.long),
+                "attention_mask": torch.ones((1, 2), dtype=torch.long)}
+
+    def _temperature(self, temperature: float | None) -> float:
+        t = self.cfg.sampling.temperature if temperature is None else temperature
+        return t if t > 0 else 1.0  # greedy sampling reports temperature-1 logprobs
+
+    @torch.no_grad()
+    def _gather_forward(self, model: ShardedModel, data: Any, temperature: float | None) -> torch.Tensor:
+        batch = self.to_batch(data)
+        temp = self._temperature(temperature)
+        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+        for rows in self._plan(batch)[1]:
+            res = model.forward(select(batch, rows) if rows else self._dummy(), self.device, temp)[0]
+            if rows:
+                out[torch.tensor(rows), : res.shape[1]] = res.float().cpu()
+        return self._all_reduce(out)
+
+    def compute_logprobs(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor],
+                         temperature: float | None = None) -> torch.Tensor:
+        """Policy logprobs [B,T] of the current weights at ``temperature`` (default
+        ``sampling.temperature``), token-aligned like ``batch["logprobs"]``; on every rank."""
+        return self._gather_forward(self.actor, data, temperature)
+
+    def compute_ref_logprobs(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor],
+                             temperature: float | None = None) -> torch.Tensor:
+        """Reference-model logprobs [B,T] (needs ``algorithm.kl_ctl > 0``)."""
+        if self.ref is None:
+            raise RuntimeError("no reference model: set algorithm.kl_ctl > 0")
+        return self._gather_forward(self.ref, data, temperature)
+
+    def compute_values(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Critic values [B,T]; ``values[:, t]`` is the value of the state before token ``t``."""
+        if self.critic is None:
+            raise RuntimeError("no critic: this algorithm does not use one (TrainEngine(critic=True) forces it)")
+        return self._gather_forward(self.critic, data, 1.0)
+
+    # -- training -----------------------------------------------------------------------------
+    def loss_norm(self, batch: Batch, rows: Sequence[int]) -> Any:
+        """Global denominators over all ranks: loss tokens, sequences, longest response."""
+        mask = batch["loss_mask"][torch.tensor(list(rows), dtype=torch.long)] if rows else torch.zeros(0, 1).bool()
+        counts = self._all_reduce(torch.tensor([float(mask.sum()), float(mask.shape[0])]))
+        longest = float(mask.sum(1).max()) if rows else 0.0
+        max_len = self._all_reduce(torch.tensor([longest]), dist.ReduceOp.MAX)
+        return make_loss_norm(float(counts[0]), float(counts[1]), float(max_len[0]))
+
+    def train_batch(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor], loss_fn: LossFn, *,
+                    temperature: float | None = None, n_minibatches: int | None = None) -> dict[str, float]:
+        """Gradient accumulation over micro-batches, one optimiser step per minibatch.
+
+        ``loss_fn(logp [B,T], mb, cfg.algorithm, norm, entropy=[B,T], values=[B,T] | None)``
+        returns ``(loss, metrics)``; ``values`` carries gradients into the critic when there
+        is one. Rows are split into ``n_minibatches`` (default ``algorithm.ppo_n_minibatches``)
+        strided minibatches. Returns metrics averaged over minibatches: ``loss`` (full-batch),
+        ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``n_mbs``, ``pad_ratio`` and the loss
+        function's metrics (token-weighted means).
+        """
+        batch = self.to_batch(data)
+        n = n_minibatches or self.cfg.algorithm.ppo_n_minibatches
+        b = int(batch["input_ids"].shape[0])
+        chunks = [list(range(i, b, n)) for i in range(n)] if n > 1 else [list(range(b))]
+        results = [self._train_minibatch(batch if n == 1 else select(batch, c), loss_fn, temperature)
+                   for c in chunks if c]
+        return {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+
+    def _train_minibatch(self, batch: Batch, loss_fn: LossFn, temperature: float | None) -> dict[str, float]:
+        temp = self._temperature(temperature)
+        mine, mbs = self._plan(batch)
+        norm = self.loss_norm(batch, mine)
+        grad_entropy = self.cfg.algorithm.entropy_coef > 0
+        total_loss = 0.0
+        sums: dict[str, float] = {}
+        real = padded = 0
+        for rows in mbs:
+            if not rows:  # keep collectives in step with ranks that have more micro-batches
+                dummy = self._dummy()
+                zero = sum(m.forward(dummy, self.device, temp)[0].sum() for m in self.trainable().values())
+                (zero * 0.0).backward()
+                continue
+            mb = select(batch, rows)
+            logp, ent = self.actor.forward(mb, self.device, temp, with_entropy=True)
+            if ent is not None and not grad_entropy:
+                ent = ent.detach()
+            values = self.critic.forward(mb, self.device, 1.0)[0] if self.critic is not None else None
+            mb_dev = {k: v.to(self.device) for k, v in mb.items()}
+            loss, metrics = loss_fn(logp, mb_dev, self.cfg.algorithm, norm, entropy=ent, values=values)
+            (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
+            total_loss += float(loss.detach())
+            n_tok = float(mb["loss_mask"].sum())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * n_tok
+            real += int(mb["attention_mask"].sum())
+            padded += int(mb["input_ids"].numel())
+        lr = self.actor.scheduler.get_last_lr()[0] if self.actor.scheduler else 0.0
+        grad_norm = self.actor.clip_and_step(self.cfg.actor.max_grad_norm)
+        extra = {"critic/grad_norm": self.critic.clip_and_step(self.cfg.actor.max_grad_norm)} if self.critic else {}
+        self.step += 1
+        keys = sorted(sums)
+        red = self._all_reduce(torch.tensor([total_loss, float(real), float(padded), *(sums[k] for k in keys)],
+                                            dtype=torch.float64))
+        out = {"loss": float(red[0]), "grad_norm": grad_norm, "lr": lr, "n_tokens": norm.tokens,
+               "n_seqs": norm.seqs, "n_mbs": float(len(mbs)),
+               "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])),
+               "skipped_step": float(not math.isfinite(grad_norm)), **extra}
+        for i, k in enumerate(keys):
+            out[k] = float(red[3 + i]) / max(norm.tokens, 1.0)
+        return out
+
+    # -- export -------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded policy parameters on CPU (collective: every rank must call)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def export_hf(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write the policy as a HF model dir (safetensors in ``actor.dtype``, config, tokenizer).
+
+        Collective. Rank 0 writes to a temporary sibling and renames it into place, so a reader
+        never sees a half-written directory. Returns ``out_dir``.
+        """
+        from trainers.weight_sync import write_hf_dir
+
+        sd = self.full_state_dict()
+        out = Path(out_dir)
+        if self.rank == 0:
+            write_hf_dir(sd, self.hf_config, self.model_path, out, DTYPES[self.cfg.actor.dtype])
+        tdist.barrier()
+        return out
+
+
+def _spec_needs_critic(name: str) -> bool:
+    try:
+        from areal_agents.registry import algorithms
+
+        return bool(getattr(algorithms.get(name), "needs_critic", False))
+    except Exception:  # noqa: BLE001 - unknown/unloadable spec: decide by name
+        return name == "ppo"
