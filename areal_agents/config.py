@@ -283,6 +283,9 @@ class AlgorithmConfig:
     mask_no_eos_with_zero: bool = f(False, "Zero the reward of responses cut at max length.")
     overlong_tokens: int | None = f(None, "DAPO overlong penalty: soft window in tokens before the cap.")
     overlong_penalty_factor: float = f(1.0, "DAPO overlong penalty at the cap.")
+    max_response_tokens: int | None = f(
+        None, "Response length cap L_max for the DAPO overlong penalty; None takes agent.max_tokens."
+    )
     ppo_n_minibatches: int = f(1, "Optimiser steps per training batch.")
 
     def __post_init__(self) -> None:
@@ -311,6 +314,21 @@ class AlgorithmConfig:
         _check(0.0 < self.gamma <= 1.0, "gamma", f"must be in (0, 1] (got {self.gamma})")
         _check(0.0 <= self.lam <= 1.0, "lam", f"must be in [0, 1] (got {self.lam})")
         _check(self.reward_clip > 0, "reward_clip", f"must be > 0 (got {self.reward_clip})")
+        _check(
+            self.overlong_tokens is None or self.overlong_tokens >= 1,
+            "overlong_tokens",
+            f"must be >= 1 when set (got {self.overlong_tokens})",
+        )
+        _check(
+            self.overlong_penalty_factor >= 0,
+            "overlong_penalty_factor",
+            f"must be >= 0 (got {self.overlong_penalty_factor})",
+        )
+        _check(
+            self.max_response_tokens is None or self.max_response_tokens >= 1,
+            "max_response_tokens",
+            f"must be >= 1 when set (got {self.max_response_tokens})",
+        )
         _check(self.ppo_n_minibatches >= 1, "ppo_n_minibatches", f"must be >= 1 (got {self.ppo_n_minibatches})")
 
 
@@ -415,6 +433,9 @@ class ExperimentConfig:
                 "actor.hsdp_replicate",
                 f"must divide trainer.nproc={self.trainer.nproc} (got {self.actor.hsdp_replicate})",
             )
+        if dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent):
+            if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
+                self.algorithm.max_response_tokens = self.agent.max_tokens
 
     @property
     def run_dir(self) -> str:

@@ -1,0 +1,194 @@
+"""Policy and value losses with global normalisation across micro-batches and ranks.
+
+``fn(logp, batch, cfg, norm, *, entropy=None, values=None) -> (loss, metrics)``.
+
+Every term is a sum over the micro-batch divided by a denominator of the WHOLE batch held in
+:class:`LossNorm`, so summing the losses (and the metrics) of all micro-batches of all ranks
+gives exactly the full-batch value for every ``loss_agg_mode``. Metrics are token-weighted
+sums divided by ``norm.tokens`` (``train/loss``, ``train/pg_loss`` and ``train/value_loss``
+are the aggregated loss terms themselves): sum them over micro-batches and ranks, never
+average them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from algorithms.functional import get_mask, kl_estimate, require, token_tensor
+from areal_agents.config import AlgorithmConfig
+
+__all__ = ["AGG_MODES", "METRIC_NAMES", "LossNorm", "aggregate", "ppo_loss", "value_loss"]
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+METRIC_NAMES = (
+    "train/loss",
+    "train/pg_loss",
+    "train/clip_frac",
+    "train/dual_clip_frac",
+    "train/approx_kl",
+    "train/imp_weight_mean",
+    "train/imp_weight_capped_frac",
+    "train/entropy",
+    "train/kl_ref",
+    "train/value_loss",
+)
+
+
+@dataclass(frozen=True)
+class LossNorm:
+    """Denominators over the whole training batch (all micro-batches, all ranks).
+
+    ``tokens``: loss-masked tokens; ``seqs``: sequences with at least one masked token;
+    ``max_len``: fixed per-sequence normaliser of ``seq-mean-token-sum-norm`` (Dr.GRPO),
+    e.g. the response length cap. A zero count is treated as 1 (the loss is then 0).
+    """
+
+    tokens: float
+    seqs: float
+    max_len: float
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or self.seqs < 0:
+            raise ValueError(f"LossNorm counts must be >= 0 (got tokens={self.tokens}, seqs={self.seqs})")
+        if self.max_len <= 0:
+            raise ValueError(f"LossNorm.max_len must be > 0 (got {self.max_len})")
+
+    @classmethod
+    def from_batch(cls, batch: Mapping[str, Tensor], max_len: float) -> LossNorm:
+        """Denominators of one batch (``loss_mask`` ``[B, T]``) when it is the whole batch."""
+        mask = get_mask(batch)
+        return cls(tokens=float(mask.sum()), seqs=float((mask.sum(-1) > 0).sum()), max_len=float(max_len))
+
+
+def aggregate(x: Tensor, mask: Tensor, mode: str, norm: LossNorm) -> Tensor:
+    """Reduce per-token values ``x`` ``[B, T]`` over ``mask`` ``[B, T]`` to a scalar.
+
+    ``token-mean``: ``sum(x) / norm.tokens``; ``seq-mean-token-mean``:
+    ``sum_b(sum_t x / n_b) / norm.seqs``; ``seq-mean-token-sum-norm``:
+    ``sum_b(sum_t x / norm.max_len) / norm.seqs`` (``n_b``: masked tokens of row ``b``).
+    """
+    x = torch.where(mask, x, torch.zeros_like(x))
+    if mode == "token-mean":
+        return x.sum() / max(norm.tokens, 1.0)
+    if mode == "seq-mean-token-mean":
+        per_seq = x.sum(-1) / mask.sum(-1).clamp(min=1).to(x.dtype)
+        return per_seq.sum() / max(norm.seqs, 1.0)
+    if mode == "seq-mean-token-sum-norm":
+        return (x.sum(-1) / norm.max_len).sum() / max(norm.seqs, 1.0)
+    raise ValueError(f"loss_agg_mode must be one of {', '.join(AGG_MODES)} (got {mode!r})")
+
+
+def _token_sum(x: Tensor, mask: Tensor, norm: LossNorm) -> Tensor:
+    return torch.where(mask, x, torch.zeros_like(x)).sum() / max(norm.tokens, 1.0)
+
+
+def value_loss(
+    values: Tensor, batch: Mapping[str, Tensor], cfg: AlgorithmConfig, norm: LossNorm
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-value_eps_clip) - R)^2)``.
+
+    Args: ``values`` ``[B, T]`` new critic estimates (with grad); ``batch["values"]``
+    ``[B, T]`` old estimates; ``batch["returns"]`` ``[B, T]`` targets (written by GAE).
+    Aggregated with ``loss_agg_mode``. Returns (scalar, ``{"train/value_loss": ...}``).
+    """
+    mask = get_mask(batch)
+    v = token_tensor(values, "values", mask)
+    old = token_tensor(require(batch, "values", "the value loss"), "batch['values']", mask).to(v.dtype)
+    ret = token_tensor(require(batch, "returns", "the value loss"), "batch['returns']", mask).to(v.dtype)
+    clipped = old + (v - old).clamp(-cfg.value_eps_clip, cfg.value_eps_clip)
+    per_token = 0.5 * torch.maximum((v - ret) ** 2, (clipped - ret) ** 2)
+    loss = aggregate(per_token, mask, cfg.loss_agg_mode, norm)
+    return loss, {"train/value_loss": float(loss.detach())}
+
+
+def ppo_loss(
+    logp: Tensor,
+    batch: Mapping[str, Tensor],
+    cfg: AlgorithmConfig,
+    norm: LossNorm,
+    *,
+    entropy: Tensor | None = None,
+    values: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate (asymmetric clip, dual clip), optionally AReaL-decoupled.
+
+    ``r = exp(logp - old)``; ``pg = max(-A r, -A clip(r, 1 - eps_clip, 1 + eps_clip_high))``;
+    with ``c_clip`` and ``A < 0``: ``pg = min(pg, -c_clip A)``. Decoupled
+    (``use_decoupled_loss``): ``old = prox_logp`` and ``pg *= w``, ``w = exp(prox_logp -
+    logprobs)``, with ``w = 0`` on tokens where ``w > behav_imp_weight_cap``. Otherwise
+    ``old`` is ``prox_logp`` if ``recompute_logprob`` and present, else ``logprobs``.
+    Adds ``kl_ctl * KL(pi || ref)`` (unless ``kl_in_reward``), ``-entropy_coef * H`` and,
+    when ``values`` is given, :func:`value_loss` (the critic has its own parameters).
+
+    Args: ``logp`` ``[B, T]`` current logprobs of the sampled tokens (with grad);
+    ``batch``: the micro-batch with ``loss_mask``, ``advantages``, ``logprobs`` (+
+    ``prox_logp``, ``ref_logp``, ``values``, ``returns`` as needed), all ``[B, T]``;
+    ``entropy`` ``[B, T]`` token entropies; ``values`` ``[B, T]`` new critic estimates.
+    Returns (scalar loss, metrics named as in :data:`METRIC_NAMES`).
+    """
+    mask = get_mask(batch)
+    logp = token_tensor(logp, "logp", mask)
+    dtype = logp.dtype
+
+    def tok(key: str, needed_by: str) -> Tensor:
+        return token_tensor(require(batch, key, needed_by), f"batch[{key!r}]", mask).to(dtype)
+
+    adv = tok("advantages", "the policy loss")
+    behav = tok("logprobs", "the policy loss")
+    if cfg.use_decoupled_loss:
+        old = tok("prox_logp", "the decoupled loss (algorithm.use_decoupled_loss)")
+    elif cfg.recompute_logprob and "prox_logp" in batch:
+        old = tok("prox_logp", "the policy loss")
+    else:
+        old = behav
+    log_ratio = logp - old
+    ratio = torch.exp(log_ratio)
+    high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    surr = -adv * ratio
+    surr_clipped = -adv * ratio.clamp(1.0 - cfg.eps_clip, 1.0 + high)
+    pg = torch.maximum(surr, surr_clipped)
+    stats: dict[str, Tensor] = {"train/clip_frac": _token_sum((surr_clipped > surr).to(dtype), mask, norm)}
+    if cfg.c_clip is not None:
+        bound = -adv * cfg.c_clip
+        dual = (adv < 0) & (pg > bound)
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+        stats["train/dual_clip_frac"] = _token_sum(dual.to(dtype), mask, norm)
+    if cfg.use_decoupled_loss:
+        weight = torch.exp(old - behav).detach()
+        zero = torch.zeros_like(weight)
+        if cfg.behav_imp_weight_cap is not None:
+            capped = mask & (weight > cfg.behav_imp_weight_cap)
+            weight = torch.where(capped, zero, weight)
+            stats["train/imp_weight_capped_frac"] = _token_sum(capped.to(dtype), mask, norm)
+        pg = pg * weight
+        stats["train/imp_weight_mean"] = _token_sum(weight, mask, norm)
+    stats["train/approx_kl"] = _token_sum((ratio - 1.0 - log_ratio).detach(), mask, norm)
+    pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, norm)
+    loss = pg_loss
+    kl_as_loss = cfg.kl_ctl > 0 and not cfg.kl_in_reward
+    if kl_as_loss or "ref_logp" in batch:
+        ref = tok("ref_logp", "algorithm.kl_ctl > 0")
+        kl = kl_estimate(logp, ref, cfg.kl_estimator)
+        stats["train/kl_ref"] = _token_sum(kl.detach(), mask, norm)
+        if kl_as_loss:
+            loss = loss + cfg.kl_ctl * aggregate(kl, mask, cfg.loss_agg_mode, norm)
+    if entropy is not None:
+        ent = token_tensor(entropy, "entropy", mask).to(dtype)
+        stats["train/entropy"] = _token_sum(ent.detach(), mask, norm)
+        if cfg.entropy_coef != 0:
+            loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg_mode, norm)
+    elif cfg.entropy_coef != 0:
+        raise ValueError("algorithm.entropy_coef != 0 needs the token entropies: pass entropy=[B, T]")
+    if values is not None:
+        v_loss, _ = value_loss(values, batch, cfg, norm)
+        stats["train/value_loss"] = v_loss
+        loss = loss + v_loss
+    stats["train/pg_loss"] = pg_loss
+    stats["train/loss"] = loss
+    names = list(stats)
+    numbers = torch.stack([stats[k].detach().to(torch.float64) for k in names]).tolist()
+    return loss, dict(zip(names, numbers, strict=True))
