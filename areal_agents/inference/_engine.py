@@ -1,0 +1,307 @@
+"""Continuous-batching decode engine of the embedded server (torch).
+
+One background thread owns the model and the batch. Each iteration it runs queued
+control commands (weight swaps, pauses, aborts) at a token boundary, admits waiting
+requests (one left-padded prefill for all of them, then their KV rows join the running
+batch), and decodes one token for every running sequence in a single forward pass.
+Sequences leave the batch as soon as they finish, so requests join and leave at token
+granularity. The event loop never blocks: results come back through callbacks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from areal_agents.inference._kv import BatchKV
+from areal_agents.inference._sampling import sample_next
+
+__all__ = ["Engine", "GenRequest"]
+
+
+@dataclass
+class GenRequest:
+    """One sequence to complete; the engine fills the output fields and calls ``done``."""
+
+    rid: str
+    prompt: list[int]
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_strs: list[str] = field(default_factory=list)
+    stop_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    done: Callable[[GenRequest], None] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    matched_stop: str | None = None
+    created: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    """Owns ``model`` on one device and decodes all running requests together."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 64,
+        weight_version: str = "0",
+        seed: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.context_len = int(model.config.max_position_embeddings)
+        self.weight_version = weight_version
+        eos = model.generation_config.eos_token_id
+        eos_list = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = frozenset(int(e) for e in [*eos_list, tokenizer.eos_token_id] if e is not None)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._cond = threading.Condition()
+        self._waiting: deque[GenRequest] = deque()
+        self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
+        self._paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.rows: list[GenRequest] = []
+        self.kv = BatchKV(model.config, self.device, torch.float32 if self.device.type == "cpu" else model.dtype)
+        self._last_tok = torch.empty(0, dtype=torch.long, device=self.device)
+        self._params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "tokens": 0}
+        self.error: BaseException | None = None
+
+    # ----------------------------------------------------------------- thread-safe API
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def submit(self, req: GenRequest) -> None:
+        with self._cond:
+            self._waiting.append(req)
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the decode thread at the next token boundary."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._cond:
+            if not self.alive:
+                fut.set_exception(RuntimeError("decode loop is not running"))
+                return fut
+            self._commands.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    def queue_sizes(self) -> tuple[int, int]:
+        return len(self.rows), len(self._waiting)
+
+    # --------------------------------------------------- commands (decode thread only)
+    def abort_where(self, pred: Callable[[GenRequest], bool], message: str) -> int:
+        """Finish matching running and waiting requests with ``abort``; returns the count."""
+        n = 0
+        with self._cond:
+            keep: deque[GenRequest] = deque()
+            for req in self._waiting:
+                if pred(req):
+                    self._finish(req, {"type": "abort", "message": message})
+                    n += 1
+                else:
+                    keep.append(req)
+            self._waiting = keep
+        for req in self.rows:
+            if req.finish is None and pred(req):
+                self._finish(req, {"type": "abort", "message": message})
+                n += 1
+        self._drop_finished()
+        return n
+
+    def set_paused(self, paused: bool) -> None:
+        self._paused = paused
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def swap_weights(self, state: dict[str, torch.Tensor], version: str, abort_all: bool) -> int:
+        """Copy ``state`` into the model; running requests are aborted or recomputed."""
+        with torch.no_grad():
+            params = self.model.state_dict()
+            for name, tensor in state.items():
+                params[name].copy_(tensor)
+        self.weight_version = version
+        if abort_all:
+            return self.abort_where(lambda r: True, "aborted by a weight update")
+        # Retract running sequences: they are re-prefilled (prompt + output so far) under
+        # the new weights, so every later token and logprob is exact for its version.
+        retracted = [r for r in self.rows if r.finish is None]
+        self.rows, self._params = [], None
+        self.kv.clear()
+        self._last_tok = self._last_tok[:0]
+        with self._cond:
+            self._waiting.extendleft(reversed(retracted))
+        return len(retracted)
+
+    # ------------------------------------------------------------------- decode loop
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cond:
+                        while not (
+                            self._stopping or self._commands or (not self._paused and (self._waiting or self.rows))
+                        ):
+                            self._cond.wait()
+                        if self._stopping:
+                            break
+                        commands = list(self._commands)
+                        self._commands.clear()
+                    for fn, fut in commands:
+                        try:
+                            fut.set_result(fn())
+                        except Exception as exc:  # reported to the caller, the loop goes on
+                            fut.set_exception(exc)
+                    if self._paused:
+                        continue
+                    self._admit()
+                    if self.rows:
+                        self._decode_step()
+        except BaseException as exc:  # a dead loop must not leave requests hanging
+            self.error = exc
+            self.abort_where(lambda r: True, f"decode loop failed: {exc!r}")
+            raise
+        finally:
+            with self._cond:
+                for _fn, fut in self._commands:
+                    fut.set_exception(RuntimeError("decode loop stopped"))
+                self._commands.clear()
+
+    def _admit(self) -> None:
+        free = self.max_batch_size - len(self.rows)
+        if free <= 0:
+            return
+        with self._cond:
+            group = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        if not group:
+            return
+        seqs = [r.prompt + r.output_ids for r in group]
+        length = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), length), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((len(seqs), length), dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            ids[i, length - len(s) :] = torch.tensor(s, dtype=torch.long)
+            valid[i, length - len(s) :] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        pos = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
+        mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)[None]
+        cache = self.kv.fresh_cache()
+        out = self.model(
+            input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        self.metrics["prefills"] += 1
+        tokens, lps = self._sample(out.logits[:, -1], group)
+        keep = [i for i, req in enumerate(group) if not self._append(req, tokens[i], lps[i])]
+        if keep:
+            self.kv.merge(cache, valid, keep)
+            self.rows.extend(group[i] for i in keep)
+            self._last_tok = torch.cat([self._last_tok, torch.tensor([tokens[i] for i in keep], device=self.device)])
+            self._params = None
+
+    def _decode_step(self) -> None:
+        mask, pos = self.kv.step_inputs()
+        out = self.model(
+            input_ids=self._last_tok[:, None],
+            attention_mask=mask,
+            position_ids=pos,
+            cache=self.kv.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.kv.advance()
+        batch = len(self.rows)
+        self.metrics["decode_steps"] += 1
+        self.metrics["decode_seqs"] += batch
+        self.metrics["max_batch"] = max(self.metrics["max_batch"], batch)
+        tokens, lps = self._sample(out.logits[:, -1], self.rows)
+        self._last_tok = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        finished = False
+        for req, tok, lp in zip(self.rows, tokens, lps, strict=True):
+            finished |= self._append(req, tok, lp)
+        if finished:
+            self._drop_finished()
+
+    def _sample(self, logits: torch.Tensor, reqs: list[GenRequest]) -> tuple[list[int], list[float]]:
+        params = self._params if reqs is self.rows else None
+        if params is None:
+            params = (
+                torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=self.device),
+                torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=self.device),
+                torch.tensor([r.top_k for r in reqs], dtype=torch.long, device=self.device),
+            )
+            if reqs is self.rows:
+                self._params = params
+        tokens, lps = sample_next(logits, *params, generator=self.generator)
+        return tokens.tolist(), lps.tolist()
+
+    def _append(self, req: GenRequest, tok: int, lp: float) -> bool:
+        """Record one sampled token; finish the request when a stop rule fires."""
+        req.output_ids.append(tok)
+        req.logprobs.append(lp)
+        req.versions.append(self.weight_version)
+        self.metrics["tokens"] += 1
+        n = len(req.output_ids)
+        if n >= req.min_new_tokens:
+            if tok in req.stop_ids or (not req.ignore_eos and tok in self.eos_ids):
+                self._finish(req, {"type": "stop", "matched": tok})
+                return True
+            if req.stop_strs:
+                window = max(len(s) for s in req.stop_strs) + 2
+                tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
+                for s in req.stop_strs:
+                    if s in tail:
+                        req.matched_stop = s
+                        self._finish(req, {"type": "stop", "matched": s})
+                        return True
+        if n >= req.max_new_tokens or len(req.prompt) + n >= self.context_len:
+            self._finish(req, {"type": "length", "length": n})
+            return True
+        return False
+
+    def _finish(self, req: GenRequest, reason: dict[str, Any]) -> None:
+        req.finish = reason
+        if req.done is not None:
+            req.done(req)
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, r in enumerate(self.rows) if r.finish is None]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self._last_tok = self._last_tok[keep] if keep else self._last_tok[:0]
+        self._params = None
+        self.kv.select(keep)

@@ -1,0 +1,366 @@
+"""The embedded inference server: SGLang's native HTTP protocol over a transformers model.
+
+Run it with ``areal-agents serve --model DIR`` or ``python -m areal_agents.inference.server
+--model DIR``; it prints ``serving on http://HOST:PORT`` once it accepts requests (port 0
+picks a free port). Decoding happens in :class:`~areal_agents.inference._engine.Engine`
+on a background thread with continuous batching, so the event loop only parses,
+validates and answers requests. See SGLANG_PROTOCOL notes in the docs for the fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from areal_agents.inference._protocol import BadRequest, parse_generate, require, response_body
+
+__all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
+
+_ENGINE = web.AppKey("engine", object)
+_STATE = web.AppKey("state", dict)
+
+
+def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from an HF model dir (float32 on CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    dtype = torch.float32 if device == "cpu" else "auto"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    return model, tokenizer
+
+
+def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
+    """Read the safetensors weights in ``path`` and check them against ``model``.
+
+    Raises ``ValueError`` naming the problem (no weights, missing/unexpected tensors,
+    shape mismatches); tied output embeddings may be absent.
+    """
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {path}")
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    expected = model.state_dict()
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(expected) - set(state) - tied)
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"weights in {path} do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
+    if bad:
+        raise ValueError(f"weights in {path} have wrong shapes for {bad[:4]}")
+    return state
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return _error(400, str(exc))
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error(exc.status, exc.reason)
+        raise
+    except Exception as exc:  # keep serving: one broken request must not take the server down
+        return _error(500, f"{type(exc).__name__}: {exc}")
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    require(isinstance(body, dict), "the request body must be a JSON object")
+    return body
+
+
+async def _call(app: web.Application, fn: Any) -> Any:
+    return await asyncio.wrap_future(app[_ENGINE].call(fn))
+
+
+async def _generate(request: web.Request) -> web.Response:
+    from areal_agents.inference._engine import GenRequest
+
+    engine = request.app[_ENGINE]
+    body = await _json(request)
+    specs, as_list, return_logprob = parse_generate(
+        body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len
+    )
+    loop = asyncio.get_running_loop()
+    start = time.monotonic()
+    futures: list[asyncio.Future[GenRequest]] = []
+    reqs: list[GenRequest] = []
+    for spec in specs:
+        fut: asyncio.Future[GenRequest] = loop.create_future()
+        futures.append(fut)
+        req = GenRequest(
+            rid=spec.rid, prompt=spec.prompt,
+            max_new_tokens=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
+            min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+            stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
+            done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r),
+        )  # fmt: skip
+        reqs.append(req)
+        if req.max_new_tokens <= 0:
+            req.finish = {"type": "length", "length": 0}
+            fut.set_result(req)
+        else:
+            engine.submit(req)
+    try:
+        done = await asyncio.gather(*futures)
+    except asyncio.CancelledError:  # the client went away: free its batch slots
+        ids = {id(r) for r in reqs}
+        engine.call(lambda: engine.abort_where(lambda r: id(r) in ids, "client disconnected"))
+        raise
+    latency = time.monotonic() - start
+    bodies = [
+        response_body(spec, r.output_ids, r.logprobs, r.versions, r.finish, r.matched_stop,
+                      engine.weight_version, latency, return_logprob, engine.tokenizer)
+        for spec, r in zip(specs, done, strict=True)
+    ]  # fmt: skip
+    return web.json_response(bodies if as_list else bodies[0])
+
+
+def _resolve(fut: asyncio.Future[Any], req: Any) -> None:
+    if not fut.done():
+        fut.set_result(req)
+
+
+async def _update_weights_from_disk(request: web.Request) -> web.Response:
+    app, engine = request.app, request.app[_ENGINE]
+    body = await _json(request)
+    path = body.get("model_path")
+    require(isinstance(path, str) and bool(path), "'model_path' (a string) is required")
+    version = body.get("weight_version")
+    require(version is None or isinstance(version, (str, int)) and not isinstance(version, bool),
+            "'weight_version' must be a string")  # fmt: skip
+    flags = {k: body.get(k, d) for k, d in (("abort_all_requests", False), ("keep_pause", False), ("flush_cache", True))}
+    for key, value in flags.items():
+        require(isinstance(value, bool), f"'{key}' must be true or false")
+    require(body.get("load_format") in (None, "auto", "safetensors"), "'load_format' must be auto or safetensors")
+    loop = asyncio.get_running_loop()
+    try:
+        state = await loop.run_in_executor(None, load_state_dict, path, engine.model)
+    except (ValueError, OSError) as exc:
+        return web.json_response({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
+    new_version = engine.weight_version if version is None else str(version)
+
+    def swap() -> int:
+        n = engine.swap_weights(state, new_version, flags["abort_all_requests"])
+        if not flags["keep_pause"]:
+            engine.set_paused(False)
+        return n
+
+    n = await _call(app, swap)
+    app[_STATE]["model_path"] = path
+    return web.json_response({"success": True, "message": "Succeeded to update model weights.",
+                              "num_paused_requests": n})  # fmt: skip
+
+
+async def _nccl_unsupported(request: web.Request) -> web.Response:
+    msg = "the embedded server has no NCCL weight sync; use /update_weights_from_disk (trainer.weight_sync=disk)"
+    return web.json_response({"success": False, "message": msg}, status=400)
+
+
+async def _pause(request: web.Request) -> web.Response:
+    engine = request.app[_ENGINE]
+    mode = (await _json(request)).get("mode", "abort")
+    require(mode in ("abort", "retract", "in_place"), "'mode' must be abort, retract or in_place")
+
+    def pause() -> None:
+        engine.set_paused(True)
+        if mode == "abort":
+            engine.abort_where(lambda r: True, "aborted by pause_generation")
+
+    await _call(request.app, pause)
+    return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def _continue(request: web.Request) -> web.Response:
+    engine = request.app[_ENGINE]
+    await _json(request)
+    await _call(request.app, lambda: engine.set_paused(False))
+    return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+async def _abort_request(request: web.Request) -> web.Response:
+    engine = request.app[_ENGINE]
+    body = await _json(request)
+    rid, abort_all = body.get("rid"), body.get("abort_all", False)
+    require(isinstance(abort_all, bool), "'abort_all' must be true or false")
+    require(abort_all or isinstance(rid, str), "'rid' (a string) or 'abort_all': true is required")
+    n = await _call(request.app, lambda: engine.abort_where(lambda r: abort_all or r.rid == rid, "aborted by request"))
+    return web.json_response({"success": True, "num_aborted": n})
+
+
+async def _flush_cache(request: web.Request) -> web.Response:
+    return web.Response(text="Cache flushed.\n")
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[_ENGINE].alive else 503)
+
+
+async def _health_generate(request: web.Request) -> web.Response:
+    from areal_agents.inference._engine import GenRequest
+
+    engine = request.app[_ENGINE]
+    if not engine.alive:
+        return web.Response(status=503)
+    if engine.paused:
+        return web.Response(status=200)
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    req = GenRequest(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0,
+                     done=lambda r: loop.call_soon_threadsafe(_resolve, fut, r))  # fmt: skip
+    engine.submit(req)
+    try:
+        await asyncio.wait_for(fut, timeout=20)
+    except asyncio.TimeoutError:
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+async def _model_info(request: web.Request) -> web.Response:
+    state, engine = request.app[_STATE], request.app[_ENGINE]
+    return web.json_response({
+        "model_path": state["model_path"], "tokenizer_path": state["tokenizer_path"], "is_generation": True,
+        "weight_version": engine.weight_version, "preferred_sampling_params": None,
+        "max_context_length": engine.context_len, "vocab_size": int(engine.model.config.vocab_size),
+    })  # fmt: skip
+
+
+def batching_stats(engine: Any) -> dict[str, Any]:
+    m = dict(engine.metrics)
+    running, waiting = engine.queue_sizes()
+    return {
+        "decode_steps": m["decode_steps"], "prefills": m["prefills"], "generated_tokens": m["tokens"],
+        "mean_batch_size": m["decode_seqs"] / m["decode_steps"] if m["decode_steps"] else 0.0,
+        "max_batch_size_seen": m["max_batch"], "num_running": running, "num_waiting": waiting,
+    }  # fmt: skip
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    engine, state = request.app[_ENGINE], request.app[_STATE]
+    return web.json_response({
+        "backend": "embedded", "model_path": state["model_path"], "weight_version": engine.weight_version,
+        "max_batch_size": engine.max_batch_size, "context_len": engine.context_len, "device": str(engine.device),
+        "paused": engine.paused, "batching": batching_stats(engine),
+    })  # fmt: skip
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    stats = batching_stats(request.app[_ENGINE])
+    lines = [f"embedded_{k} {float(v)}" for k, v in stats.items()]
+    return web.Response(text="\n".join(lines) + "\n")
+
+
+def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) -> web.Application:
+    """The aiohttp application serving ``engine`` (started and stopped with the app)."""
+    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024**2)
+    app[_ENGINE] = engine
+    app[_STATE] = {"model_path": model_path, "tokenizer_path": tokenizer_path or model_path}
+    r = app.router
+    r.add_post("/generate", _generate)
+    r.add_post("/update_weights_from_disk", _update_weights_from_disk)
+    r.add_post("/init_weights_update_group", _nccl_unsupported)
+    r.add_post("/update_weights_from_distributed", _nccl_unsupported)
+    r.add_post("/pause_generation", _pause)
+    r.add_post("/continue_generation", _continue)
+    r.add_post("/abort_request", _abort_request)
+    for path, handler in (("/flush_cache", _flush_cache), ("/health", _health), ("/ready", _health),
+                          ("/health_generate", _health_generate), ("/model_info", _model_info),
+                          ("/get_model_info", _model_info), ("/server_info", _server_info),
+                          ("/get_server_info", _server_info), ("/metrics", _metrics)):  # fmt: skip
+        r.add_get(path, handler)
+        if path == "/flush_cache":
+            r.add_post(path, handler)
+
+    async def lifecycle(app: web.Application) -> Any:
+        if not engine.alive:
+            engine.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int, announce: bool = True) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; prints ``serving on http://HOST:PORT``."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    if announce:
+        print(f"serving on http://{host}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def cli_serve(args: argparse.Namespace) -> int:
+    """``areal-agents serve``: load ``args.model`` and serve it (see the serve subcommand)."""
+    from areal_agents.inference._engine import Engine
+
+    if not getattr(args, "model", None):
+        print("error: --model DIR is required (an HF model dir, e.g. one built by `areal-agents sft`)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    path = str(args.model)
+    if not (Path(path) / "config.json").is_file():
+        print(f"error: --model {path}: no config.json there (not a Hugging Face model dir)", file=sys.stderr)
+        return 2
+    model, tokenizer = load_model(path, getattr(args, "device", "cpu"))
+    engine = Engine(model, tokenizer, max_batch_size=int(getattr(args, "max_batch_size", 64)),
+                    weight_version=str(getattr(args, "weight_version", "0")))  # fmt: skip
+    app = create_app(engine, path)
+    try:
+        asyncio.run(serve(app, getattr(args, "host", "127.0.0.1"), int(getattr(args, "port", 30000))))
+    except OSError as exc:
+        print(f"error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m areal_agents.inference.server [--model DIR] [--port N] ...``."""
+    from areal_agents.cli import build_parser
+
+    args = build_parser().parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    return cli_serve(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
