@@ -1,0 +1,136 @@
+"""Bookkeeping for the rollout executor: the dataset feeder, episode groups and their filters.
+
+Private to :mod:`areal_agents.rollout`; nothing here touches the event loop or threads.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_agents.types import Trajectory
+
+__all__ = ["Group", "GroupFilter", "RowFeeder", "make_group_filter", "mean_std", "nonzero_std"]
+
+GroupFilter = Callable[[list[Trajectory]], bool]
+"""``keep(group) -> bool``: False drops the whole group (counted as ``filter``)."""
+
+
+def nonzero_std(group: list[Trajectory]) -> bool:
+    """Keep a group only if its rewards are not all equal (DAPO dynamic sampling)."""
+    rewards = [t.reward for t in group]
+    return bool(rewards) and max(rewards) - min(rewards) > 1e-9 * max(1.0, max(map(abs, rewards)))
+
+
+def make_group_filter(name: str) -> GroupFilter | None:
+    """The filter named by ``RolloutConfig.group_filter`` (``None`` keeps every group)."""
+    if name == "none":
+        return None
+    if name == "nonzero_std":
+        return nonzero_std
+    raise ValueError(f"rollout.group_filter: must be one of none, nonzero_std (got {name!r})")
+
+
+class RowFeeder:
+    """Cycles over dataset rows epoch after epoch, in a seeded per-epoch order.
+
+    The position ``(epoch, index)`` is the checkpointable dataloader state: the same seed
+    and position give the same next rows, so a recovered run continues where it stopped.
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]] | None, *, seed: int, shuffle: bool) -> None:
+        self.rows: list[dict[str, Any]] = list(rows) if rows is not None else []
+        for i, row in enumerate(self.rows):
+            if not isinstance(row, dict):
+                raise TypeError(f"rows[{i}] must be a dict (got {type(row).__name__})")
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.epoch = 0
+        self.index = 0
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _row_index(self, epoch: int, index: int) -> int:
+        if not self.shuffle:
+            return index
+        if epoch != self._order_epoch:
+            order = list(range(len(self.rows)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._order, self._order_epoch = order, epoch
+        return self._order[index]
+
+    def row_at(self, key: tuple[int, int]) -> dict[str, Any]:
+        """The row at dataloader position ``key = (epoch, index)``."""
+        return self.rows[self._row_index(*key)]
+
+    def next(self) -> tuple[tuple[int, int], dict[str, Any]]:
+        """``((epoch, index), row)`` of the next row; advances the position."""
+        if not self.rows:
+            raise IndexError("no rows to feed")
+        key = (self.epoch, self.index)
+        row = self.row_at(key)
+        self.index += 1
+        if self.index == len(self.rows):
+            self.epoch, self.index = self.epoch + 1, 0
+        return key, row
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index, "num_rows": len(self.rows),
+                "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        n = int(state.get("num_rows", len(self.rows)))
+        if n != len(self.rows):
+            raise ValueError(f"rollout state was saved with {n} dataset rows, this run has {len(self.rows)}")
+        epoch, index = int(state["epoch"]), int(state["index"])
+        if epoch < 0 or not 0 <= index <= max(0, n - 1):
+            raise ValueError(f"rollout state has an invalid dataloader position (epoch {epoch}, index {index})")
+        self.epoch, self.index = epoch, index
+        self.seed = int(state.get("seed", self.seed))
+        self.shuffle = bool(state.get("shuffle", self.shuffle))
+
+
+@dataclass(eq=False)
+class Group:
+    """``size`` episodes of one row, launched together at ``start_version``.
+
+    ``key`` is the row's dataloader position for auto-fed rows (``None`` for rows passed to
+    ``submit``); ``stale`` is set when the group can no longer be consumed within the
+    staleness bound and its episodes were cancelled.
+    """
+
+    serial: int
+    group_id: str
+    row: dict[str, Any]
+    size: int
+    seed: int
+    key: tuple[int, int] | None = None
+    start_version: int = -1
+    stale: bool = False
+    trajectories: list[Trajectory | None] = field(default_factory=list)
+    tasks: set[Any] = field(default_factory=set)
+    done: int = 0
+
+    def __post_init__(self) -> None:
+        self.trajectories = [None] * self.size
+
+    @property
+    def complete(self) -> bool:
+        return self.done == self.size
+
+    def members(self) -> list[Trajectory]:
+        return [t for t in self.trajectories if t is not None]
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Population mean and standard deviation (0, 0 for an empty list)."""
+    if not values:
+        return 0.0, 0.0
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
