@@ -1,0 +1,141 @@
+"""Agents: asyncio loops that play an :class:`~areal_agents.env.Env` with an ``llm``.
+
+An agent's ``run(env, llm, row, seed=...)`` resets the env for ``row``, talks to the
+token-recording :class:`~areal_agents.llm.LLM`, and returns the episode as a
+:class:`~areal_agents.types.Trajectory`. :class:`ChatAgent` plays any env turn by turn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+from areal_agents.types import Trajectory
+
+if TYPE_CHECKING:
+    from areal_agents.env import Env, Observation
+    from areal_agents.llm import LLM
+
+__all__ = ["Agent", "ChatAgent", "jsonable"]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with anything JSON cannot hold turned into its ``repr`` (for ``Trajectory.info``)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class Agent(ABC):
+    """Plays one episode. Implementations must not raise for env failures: they return a
+    trajectory with ``status="env_error"`` instead (the rollout executor counts it)."""
+
+    @abstractmethod
+    async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
+        """Reset ``env`` with ``options=row`` (and ``seed``), play it with ``llm``, return the episode."""
+
+
+def _as_messages(obs: Observation) -> list[dict[str, Any]]:
+    if isinstance(obs, str):
+        return [{"role": "user", "content": obs}]
+    return [dict(m) for m in obs]
+
+
+class ChatAgent(Agent):
+    """Chat with the env: its observations are user messages, the model's replies are actions.
+
+    Each turn calls ``llm.chat`` (``max_new_tokens`` capped by what is left of
+    ``max_tokens``), steps the env with the reply and appends the env's observation, until
+    the env terminates or truncates, ``max_turns`` replies were made, or ``max_tokens``
+    generated tokens are used. Per-turn env rewards are discounted by ``turn_discount``.
+    An exception from the env ends the episode with ``status="env_error"``; a reward failure
+    reported by the env (``info["reward_status"]``) sets ``reward_error``/``timeout``; a
+    generation aborted by the server sets ``aborted``.
+    """
+
+    def __init__(
+        self,
+        max_turns: int = 4,
+        max_tokens: int = 1024,
+        system_prompt: str | None = None,
+        turn_discount: float = 1.0,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"ChatAgent: max_turns must be >= 1 (got {max_turns})")
+        if max_tokens < 1:
+            raise ValueError(f"ChatAgent: max_tokens must be >= 1 (got {max_tokens})")
+        if not 0.0 < turn_discount <= 1.0:
+            raise ValueError(f"ChatAgent: turn_discount must be in (0, 1] (got {turn_discount})")
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.system_prompt = system_prompt
+        self.turn_discount = turn_discount
+        self.sampling = dict(sampling or {})
+
+    async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
+        info: dict[str, Any] = {}
+        status = "ok"
+        try:
+            obs, _ = await env.areset(seed=seed, options=row)
+        except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
+            return Trajectory(status="env_error", info={"error": f"reset: {type(exc).__name__}: {exc}"})
+        messages: list[dict[str, Any]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages += _as_messages(obs)
+        rewards: list[float] = []
+        budget = self.max_tokens
+        end_reason = "max_turns"
+        for _ in range(self.max_turns):
+            per_turn = int(self.sampling.get("max_new_tokens", budget))
+            sampling = {**self.sampling, "max_new_tokens": max(1, min(per_turn, budget))}
+            before = llm.num_generated
+            text = await llm.chat(messages, **sampling)
+            budget -= llm.num_generated - before
+            messages.append({"role": "assistant", "content": text})
+            gen = llm.last_generation
+            if gen is not None and gen.finish_reason == "abort":
+                rewards.append(0.0)
+                status, end_reason = "aborted", "aborted"
+                break
+            try:
+                obs, reward, terminated, truncated, step_info = await env.astep(text)
+                reward = float(reward)
+                if not math.isfinite(reward):
+                    raise ValueError(f"env returned a non-finite reward {reward}")
+            except Exception as exc:  # noqa: BLE001
+                rewards.append(0.0)
+                status, end_reason = "env_error", "env_error"
+                info["error"] = f"step: {type(exc).__name__}: {exc}"
+                break
+            rewards.append(reward)
+            info.update(step_info)
+            if step_info.get("reward_status") in ("reward_error", "timeout"):
+                status = step_info["reward_status"]
+            if terminated or truncated:
+                end_reason = "terminated" if terminated else "truncated"
+                break
+            if budget <= 0:
+                end_reason = "max_tokens"
+                break
+            messages += _as_messages(obs)
+        info["end_reason"] = end_reason
+        info["num_turns"] = len(rewards)
+        info.setdefault("success", False)
+        info["turn_finish_reasons"] = llm.finish_reasons
+        traj = llm.to_trajectory(status=status, info=jsonable(info))
+        traj.set_rewards(rewards, self.turn_discount)
+        return traj

@@ -1,0 +1,314 @@
+"""Reward functions and a runner that evaluates them in worker processes with a timeout.
+
+A reward is ``fn(completion: str, **row) -> float`` registered with
+``@register_reward("name")``. :class:`RewardRunner` calls it in a separate process: a call
+that hangs is killed after ``timeout`` seconds (its worker is replaced, so one hang costs
+one timeout), and a crash, a non-number or a NaN becomes a counted failure
+(:class:`RewardResult` with status ``timeout`` or ``reward_error``) instead of a stuck or
+crashed run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import multiprocessing
+import pickle
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "RewardResult",
+    "RewardRunner",
+    "exact_match_reward",
+    "extract_answer",
+    "format_reward",
+    "get_default_runner",
+    "math_reward",
+    "resolve_reward",
+    "set_default_runner",
+]
+
+RewardFn = Callable[..., float]
+
+# -- built-in rewards ----------------------------------------------------------------------
+
+_BOXED = "\\boxed{"
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth, i = 1, start + len(_BOXED)
+    while i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + len(_BOXED) : i]
+        i += 1
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of ``text``: last ``\\boxed{..}``, else after ``####``, else the last number."""
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip().replace(",", "") or None
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def _gold(answer: Any) -> str:
+    text = str(answer)
+    if "####" in text or _BOXED in text:
+        return extract_answer(text) or text
+    return text.strip()
+
+
+def math_reward(completion: str, answer: Any = None, **row: Any) -> float:
+    """1.0 if the final answer of ``completion`` equals ``answer`` mathematically, else 0.0.
+
+    The answer is taken from the last ``\\boxed{}``, a GSM8K ``#### 42`` line, or the last
+    plain number; equivalence is decided by ``math-verify`` (so ``0.5`` = ``1/2``).
+    """
+    if answer is None:
+        raise ValueError("math_reward needs the row field 'answer'")
+    pred = extract_answer(completion)
+    if pred is None:
+        return 0.0
+    gold = _gold(answer)
+    if pred.replace(" ", "") == gold.replace(" ", ""):
+        return 1.0
+    from math_verify import parse, verify
+
+    # math-verify's own timeouts use SIGALRM, which works only in the main thread (as in a
+    # RewardRunner worker); elsewhere the runner's timeout is the guard.
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    if limit is None:
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold_parsed = parse(f"${gold}$", parsing_timeout=limit)
+    pred_parsed = parse(f"${pred}$", parsing_timeout=limit)
+    if not gold_parsed or not pred_parsed:
+        return 0.0
+    return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=limit) else 0.0
+
+
+def exact_match_reward(completion: str, answer: Any = None, **row: Any) -> float:
+    """1.0 if ``completion`` equals ``answer`` after stripping whitespace, else 0.0."""
+    if answer is None:
+        raise ValueError("exact_match_reward needs the row field 'answer'")
+    return 1.0 if completion.strip() == str(answer).strip() else 0.0
+
+
+def format_reward(completion: str, pattern: str | None = None, **row: Any) -> float:
+    """1.0 if ``completion`` matches ``pattern`` (a regex; default: contains ``\\boxed{...}``)."""
+    regex = pattern if pattern is not None else r"\\boxed\{[^{}]+\}"
+    return 1.0 if re.search(regex, completion, flags=re.DOTALL) else 0.0
+
+
+def resolve_reward(reward: str | RewardFn) -> RewardFn:
+    """A reward function from a registered name or the function itself."""
+    if callable(reward):
+        return reward
+    from areal_agents.registry import rewards
+
+    return rewards.get(reward)
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+
+@dataclass
+class RewardResult:
+    """Outcome of one reward call: ``status`` is ``ok``, ``reward_error`` or ``timeout``."""
+
+    value: float
+    status: str = "ok"
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _check_value(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            import numbers
+
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                value = float(value)
+            else:
+                raise TypeError
+        except TypeError:
+            raise TypeError(f"reward returned {type(value).__name__} {value!r}, not a number") from None
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"reward returned {value}, not a finite number")
+    return value
+
+
+def _worker_main(conn: Any) -> None:
+    """Worker process loop: receive ``(fn, completion, row)``, send ``(ok, value_or_error)``."""
+    while True:
+        try:
+            job = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not job:
+            return
+        try:
+            fn, completion, row = pickle.loads(job)
+            reply: tuple[bool, Any] = (True, _check_value(fn(completion, **row)))
+        except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
+            reply = (False, f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class _Worker:
+    def __init__(self, ctx: Any) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="reward-worker")
+        self.proc.start()
+        child.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send_bytes(b"")
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.join(timeout=2)
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class RewardRunner:
+    """Evaluate reward functions in up to ``max_workers`` worker processes, ``timeout`` s each.
+
+    Thread-safe: :meth:`compute` (also ``runner(...)``) blocks the calling thread, so it can
+    be used from ``env.step`` running in a worker thread; :meth:`acompute` is the asyncio
+    form. Workers start on first use with the ``forkserver`` start method (never ``fork``
+    from a threaded process). Functions must be picklable (defined at module top level);
+    ``stats`` counts ``ok`` / ``reward_error`` / ``timeout`` outcomes.
+    """
+
+    def __init__(self, timeout: float = 10.0, max_workers: int = 2, start_method: str = "forkserver") -> None:
+        if timeout <= 0:
+            raise ValueError(f"RewardRunner: timeout must be > 0 (got {timeout})")
+        if max_workers < 1:
+            raise ValueError(f"RewardRunner: max_workers must be >= 1 (got {max_workers})")
+        self.timeout = float(timeout)
+        self.max_workers = int(max_workers)
+        self._ctx = multiprocessing.get_context(start_method)
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.max_workers)
+        self._closed = False
+        self.stats: dict[str, int] = {"ok": 0, "reward_error": 0, "timeout": 0}
+
+    def _count(self, result: RewardResult) -> RewardResult:
+        with self._lock:
+            self.stats[result.status] = self.stats.get(result.status, 0) + 1
+        return result
+
+    def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
+        """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
+        t0 = time.monotonic()
+        try:
+            job = pickle.dumps((resolve_reward(fn), completion, dict(row or {})))
+        except Exception as exc:  # noqa: BLE001
+            return self._count(RewardResult(0.0, "reward_error", f"cannot send reward call to a worker: {exc}"))
+        with self._slots:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("RewardRunner is closed")
+                worker = self._idle.pop() if self._idle else None
+            if worker is None or not worker.proc.is_alive():
+                if worker is not None:
+                    worker.kill()
+                worker = _Worker(self._ctx)
+            try:
+                worker.conn.send_bytes(job)
+                if not worker.conn.poll(self.timeout):
+                    worker.kill()
+                    return self._count(
+                        RewardResult(0.0, "timeout", f"reward did not return within {self.timeout:g} s",
+                                     time.monotonic() - t0)
+                    )
+                ok, value = worker.conn.recv()
+            except (EOFError, OSError, BrokenPipeError):
+                worker.proc.join(timeout=5)
+                code = worker.proc.exitcode
+                worker.kill()
+                return self._count(
+                    RewardResult(0.0, "reward_error", f"reward worker died (exit code {code})", time.monotonic() - t0)
+                )
+            with self._lock:
+                if self._closed:
+                    worker.stop()
+                else:
+                    self._idle.append(worker)
+        dt = time.monotonic() - t0
+        if ok:
+            return self._count(RewardResult(float(value), "ok", "", dt))
+        return self._count(RewardResult(0.0, "reward_error", str(value), dt))
+
+    __call__ = compute
+
+    async def acompute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
+        """:meth:`compute` in a thread, for asyncio callers."""
+        return await asyncio.to_thread(self.compute, fn, completion, row)
+
+    def close(self) -> None:
+        """Stop every worker; further calls raise."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.stop()
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_default: RewardRunner | None = None
+_default_lock = threading.Lock()
+
+
+def get_default_runner() -> RewardRunner:
+    """The process-wide runner built-in envs use (created on first use: timeout 10 s, 2 workers)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = RewardRunner()
+        return _default
+
+
+def set_default_runner(runner: RewardRunner | None) -> RewardRunner | None:
+    """Replace the process-wide runner (e.g. with ``rollout.reward_timeout``); returns the old one."""
+    global _default
+    with _default_lock:
+        old, _default = _default, runner
+    return old

@@ -1,0 +1,247 @@
+"""Run untrusted Python (model-written code) in a locked-down child process.
+
+:func:`run_python` starts a fresh interpreter that, before running the code:
+
+* enters new mount, network and PID namespaces (``unshare(2)``; as a normal user inside a
+  new user namespace): the network has only a downed loopback, so connections fail with
+  "Network is unreachable", and the child sees only its own processes;
+* hides ``/etc``, ``/home``, ``/root``, ``/tmp``, ``/var``, ``/work``, ``/srv``, ``/mnt``,
+  ``/opt``, ``/run`` and ``/media`` behind empty tmpfs mounts, bind-mounting back only the
+  Python installation, ``/etc/ld.so.cache`` and its own temp dir (``/usr``, ``/lib`` etc.
+  stay readable, as system files any user may read);
+* when started as root, drops to ``nobody`` (uid 65534) so ``RLIMIT_NPROC`` counts only
+  sandboxed processes and no root-owned file is readable by ownership;
+* sets ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``
+  (files and output), ``RLIMIT_NOFILE`` and no core dumps;
+* runs in a fresh temp dir (deleted afterwards) with a minimal environment.
+
+A wall-clock timeout kills the child's whole process group (and with it the PID namespace).
+If namespaces are unavailable the code still runs with the resource limits, and
+:attr:`SandboxResult.isolation` says what was not isolated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["HIDDEN_ROOTS", "SandboxResult", "run_python"]
+
+HIDDEN_ROOTS = ("/etc", "/home", "/root", "/tmp", "/var", "/work", "/srv", "/mnt", "/opt", "/run", "/media")
+NOBODY = 65534
+
+# Runs as the child's first code (python -I -S -c); argv[1] is a JSON config.
+_BOOT = r"""
+import ctypes, json, os, resource, sys
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+def call(name, *args):
+    if getattr(libc, name)(*args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, name + ": " + os.strerror(e))
+def note(key, value):
+    os.write(cfg["status_fd"], (json.dumps({key: value}) + "\n").encode())
+uid, gid = os.getuid(), os.getgid()
+NS, NET, USER, PID = 0x20000, 0x40000000, 0x10000000, 0x20000000
+isolated = False
+if cfg["isolate"]:
+    try:
+        call("unshare", NS | NET | PID | (0 if uid == 0 else USER))
+        if uid != 0:
+            for name, text in (("setgroups", "deny"), ("uid_map", "0 %d 1" % uid), ("gid_map", "0 %d 1" % gid)):
+                with open("/proc/self/" + name, "w") as fh:
+                    fh.write(text)
+        call("mount", None, b"/", None, 16384 | (1 << 18), None)
+        keeps = [p for p in cfg["keep"] if os.path.exists(p)]
+        fds = {p: os.open(p, os.O_PATH) for p in keeps}
+        for root in cfg["hide"]:
+            if not os.path.isdir(root) or os.path.islink(root):
+                continue
+            call("mount", b"tmpfs", root.encode(), b"tmpfs", 2 | 4, b"mode=755,size=1m")
+            for p in keeps:
+                if p == root or p.startswith(root.rstrip("/") + "/"):
+                    src = "/proc/self/fd/%d" % fds[p]
+                    if os.path.isdir(src):
+                        os.makedirs(p, exist_ok=True)
+                    else:
+                        os.makedirs(os.path.dirname(p), exist_ok=True)
+                        open(p, "w").close()
+                    call("mount", src.encode(), p.encode(), None, 4096 | 16384, None)
+        for fd in fds.values():
+            os.close(fd)
+        isolated = True
+    except OSError as exc:
+        note("isolation_error", str(exc))
+note("isolated", isolated)
+lim = cfg["limits"]
+for res, value in ((resource.RLIMIT_AS, lim["as"]), (resource.RLIMIT_CPU, lim["cpu"]),
+                   (resource.RLIMIT_NPROC, lim["nproc"]), (resource.RLIMIT_FSIZE, lim["fsize"]),
+                   (resource.RLIMIT_NOFILE, lim["nofile"]), (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(res, (value, value))
+os.close(cfg["status_fd"])
+if uid == 0:
+    os.setgroups([])
+    os.setgid(cfg["drop_to"])
+    os.setuid(cfg["drop_to"])
+argv = [sys.executable, "-I", "main.py"]
+if not isolated:
+    os.chdir(cfg["cwd"])
+    os.execve(sys.executable, argv, cfg["env"])
+pid = os.fork()
+if pid == 0:
+    libc.prctl(1, 9)
+    if uid != 0:
+        call("unshare", USER | NS)
+    try:
+        call("mount", b"proc", b"/proc", b"proc", 2 | 4 | 8, None)
+    except OSError:
+        pass
+    os.chdir(cfg["cwd"])
+    os.execve(sys.executable, argv, cfg["env"])
+while True:
+    try:
+        _, status = os.waitpid(pid, 0)
+        break
+    except InterruptedError:
+        continue
+code = os.waitstatus_to_exitcode(status)
+os._exit(code if code >= 0 else 128 - code)
+"""
+
+
+@dataclass
+class SandboxResult:
+    """What the sandboxed code did.
+
+    ``exit_code`` is the code's exit status; ``128 + N`` means it was killed by signal N
+    (e.g. 137 = SIGKILL, 152 = SIGXCPU after the CPU limit, 153 = SIGXFSZ after the file
+    size limit). ``timed_out`` is true when the wall-clock limit killed it.
+    ``isolation`` lists what was in force (``namespaces``: network, PID and file hiding;
+    ``drop_privileges``); ``isolation_error`` says why namespaces were not available.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    truncated: bool = False
+    isolation: dict[str, bool] = field(default_factory=dict)
+    isolation_error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+def _keep_paths(workdir: str, extra: tuple[str, ...]) -> list[str]:
+    keep = {workdir, "/etc/ld.so.cache", *extra}
+    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        keep.add(os.path.realpath(prefix))
+    return sorted(keep)
+
+
+def _read(path: str, limit: int) -> tuple[str, bool]:
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
+
+
+def run_python(
+    code: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_procs: int = 32,
+    max_file_mb: int = 16,
+    max_output_chars: int = 16_000,
+    isolate: bool = True,
+    keep_paths: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a sandboxed interpreter (see the module docstring).
+
+    ``timeout_s`` is wall-clock (``RLIMIT_CPU`` is its ceiling + 1 s), ``memory_mb`` the
+    address-space limit, ``max_procs`` the process limit, ``max_file_mb`` the largest file
+    (or output) it may write; stdout/stderr are cut to ``max_output_chars``. ``keep_paths``
+    are extra host paths to leave visible; ``env`` replaces the minimal environment.
+    """
+    if timeout_s <= 0 or memory_mb <= 0 or max_procs < 1:
+        raise ValueError("run_python: timeout_s, memory_mb and max_procs must be positive")
+    workdir = tempfile.mkdtemp(prefix="areal-sandbox-")
+    io_dir = tempfile.mkdtemp(prefix="areal-sandbox-io-")
+    is_root = os.getuid() == 0
+    try:
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
+            fh.write(code)
+        if is_root:
+            os.chown(workdir, NOBODY, NOBODY)
+            os.chown(os.path.join(workdir, "main.py"), NOBODY, NOBODY)
+        read_fd, write_fd = os.pipe()
+        cfg = {
+            "isolate": isolate,
+            "keep": _keep_paths(workdir, keep_paths),
+            "hide": list(HIDDEN_ROOTS),
+            "cwd": workdir,
+            "drop_to": NOBODY,
+            "status_fd": write_fd,
+            "env": env if env is not None else {
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir,
+            },
+            "limits": {
+                "as": memory_mb * 1024 * 1024,
+                "cpu": int(math.ceil(timeout_s)) + 1,
+                "nproc": max_procs,
+                "fsize": max_file_mb * 1024 * 1024,
+                "nofile": 256,
+            },
+        }
+        out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
+        t0 = time.monotonic()
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(cfg)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir, env={"LANG": "C.UTF-8"},
+                start_new_session=True, pass_fds=(write_fd,),
+            )
+            os.close(write_fd)
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        duration = time.monotonic() - t0
+        with os.fdopen(read_fd, "r") as status_pipe:
+            notes: dict[str, object] = {}
+            for line in status_pipe:
+                notes.update(json.loads(line))
+        stdout, cut_out = _read(out_path, max_output_chars)
+        stderr, cut_err = _read(err_path, max_output_chars)
+        code_ = proc.returncode
+        return SandboxResult(
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=code_ if code_ >= 0 else 128 - code_,
+            timed_out=timed_out,
+            duration_s=duration,
+            truncated=cut_out or cut_err,
+            isolation={"namespaces": bool(notes.get("isolated", False)), "drop_privileges": is_root},
+            isolation_error=str(notes.get("isolation_error", "")),
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(io_dir, ignore_errors=True)
