@@ -24,6 +24,7 @@ from algorithms.functional import (
     group_index,
     masked_whiten,
     require,
+    safe_denominator,
     token_tensor,
     turn_starts,
 )
@@ -93,7 +94,7 @@ def grpo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor
     mean = (sums / counts.clamp(min=1))[seq_group]
     adv = scores - mean[:, None]
     if cfg.group_std_norm:
-        adv = adv / (std[seq_group][:, None] + cfg.adv_eps)
+        adv = adv / safe_denominator(std[seq_group][:, None] + cfg.adv_eps)
     return torch.where(mask, adv, torch.zeros_like(adv)).to(_out_dtype(batch))
 
 

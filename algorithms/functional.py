@@ -23,6 +23,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "require",
+    "safe_denominator",
     "seq_tensor",
     "token_tensor",
     "turn_starts",
@@ -84,6 +85,11 @@ def seq_tensor(x: Tensor, name: str, batch_size: int) -> Tensor:
     return x
 
 
+def safe_denominator(x: Tensor) -> Tensor:
+    """``x`` with zeros replaced by 1 (used where the numerator is then exactly 0)."""
+    return torch.where(x > 0, x, torch.ones_like(x))
+
+
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``x`` over True entries of ``mask`` (0 when the mask is empty); any shape."""
     total = torch.where(mask, x, torch.zeros_like(x)).sum()
@@ -98,7 +104,7 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
     mean = masked_mean(x, mask)
     centred = torch.where(mask, x - mean, torch.zeros_like(x))
     std = masked_mean(centred * centred, mask).sqrt()
-    return centred / (std + eps)
+    return centred / safe_denominator(std + eps)
 
 
 def discounted_to_go(x: Tensor, mask: Tensor, gamma: float) -> Tensor:

@@ -23,6 +23,7 @@ from algorithms.functional import (
     get_mask,
     kl_estimate,
     require,
+    safe_denominator,
     seq_tensor,
     token_tensor,
     turn_starts,
@@ -102,14 +103,14 @@ def rebn(shaped: ShapedRewards, mask: Tensor, eps: float) -> ShapedRewards:
     """
     ep = shaped.episode
     ep_std = (ep - ep.mean()).pow(2).mean().sqrt()
-    episode = (ep - ep.mean()) / (ep_std + eps)
+    episode = (ep - ep.mean()) / safe_denominator(ep_std + eps)
     turn = shaped.turn
     if turn is not None:
         units = turn[turn_starts(mask, turn)]
         if units.numel() > 0:
             mean = units.mean()
             std = (units - mean).pow(2).mean().sqrt()
-            turn = torch.where(mask, (turn - mean) / (std + eps), torch.zeros_like(turn))
+            turn = torch.where(mask, (turn - mean) / safe_denominator(std + eps), torch.zeros_like(turn))
     return ShapedRewards(episode, turn, shaped.kl)
 
 
