@@ -1,0 +1,277 @@
+"""Async client for SGLang-protocol servers (the embedded one or real SGLang); no torch.
+
+One :class:`InferenceClient` spreads ``/generate`` calls over several servers:
+
+* **choice** — ``round_robin`` or ``least_loaded`` (fewest requests in flight from this
+  client); a ``rid`` (one per episode) sticks to the server it first went to;
+* **faults** — connection errors, timeouts and 5xx replies are retried with exponential
+  backoff; a server that fails that way leaves the rotation, its request goes to another
+  one, and it is probed with ``GET /health`` before it comes back;
+* **interruptible generation** — a reply with ``finish_reason.type == "abort"`` (a weight
+  update interrupted it) is resumed from prompt + partial output with the remaining token
+  budget; output ids, logprobs and the weight version of every token are concatenated.
+
+aiohttp sessions are bound to an event loop, so the client keeps one session per loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from areal_agents.llm import Generation
+
+__all__ = ["InferenceClient", "InferenceError", "normalize_address", "parse_generate_reply"]
+
+_MAX_STICKY = 100_000
+
+
+class InferenceError(RuntimeError):
+    """A request failed for good: bad reply, 4xx, or retries exhausted."""
+
+
+class _Retryable(Exception):
+    """A failure worth retrying on another server (connection, timeout, 5xx)."""
+
+
+def normalize_address(addr: str) -> str:
+    """``host:port`` or ``http://host:port/`` -> ``http://host:port``."""
+    addr = addr.strip().rstrip("/")
+    if not addr:
+        raise ValueError("empty server address")
+    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+def _version(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return -1  # e.g. SGLang's "default" before the first update
+
+
+def parse_generate_reply(body: Any, where: str = "server") -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
+    """Check one ``/generate`` reply; return (output_ids, logprobs, versions, finish_reason, text).
+
+    Raises :class:`InferenceError` naming what is wrong instead of a ``KeyError``.
+    """
+    def bad(what: str) -> InferenceError:
+        return InferenceError(f"malformed /generate reply from {where}: {what} (got {str(body)[:200]})")
+
+    if not isinstance(body, dict):
+        raise bad("expected a JSON object")
+    ids, meta = body.get("output_ids"), body.get("meta_info")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad("'output_ids' is not a list of integers")
+    if not isinstance(meta, dict):
+        raise bad("'meta_info' is missing")
+    finish = meta.get("finish_reason")
+    if not isinstance(finish, dict) or finish.get("type") not in ("stop", "length", "abort"):
+        raise bad("'meta_info.finish_reason.type' is not stop, length or abort")
+    lp_rows = meta.get("output_token_logprobs")
+    if not isinstance(lp_rows, list) or len(lp_rows) != len(ids):
+        raise bad("'meta_info.output_token_logprobs' is missing or does not match output_ids")
+    try:
+        logprobs = [float(row[0]) for row in lp_rows]
+    except (TypeError, ValueError, IndexError):
+        raise bad("'output_token_logprobs' rows are not [logprob, token_id, ...]") from None
+    per_token = meta.get("output_token_weight_versions")
+    if isinstance(per_token, list) and len(per_token) == len(ids):
+        versions = [_version(v) for v in per_token]
+    else:
+        versions = [_version(meta.get("weight_version"))] * len(ids)
+    text = body.get("text", "")
+    return ids, logprobs, versions, finish, text if isinstance(text, str) else ""
+
+
+class InferenceClient:
+    """``/generate`` over several servers with sticky choice, retries and resume-on-abort."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        schedule: str = "round_robin",
+        timeout: float = 300.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        reprobe_after: float = 2.0,
+        abort_wait: float = 0.05,
+        max_resumes: int = 1000,
+    ) -> None:
+        if not addresses:
+            raise ValueError("InferenceClient needs at least one server address")
+        if schedule not in ("round_robin", "least_loaded"):
+            raise ValueError(f"schedule must be round_robin or least_loaded (got {schedule!r})")
+        self.urls = [normalize_address(a) for a in addresses]
+        self.schedule = schedule
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.reprobe_after = reprobe_after
+        self.abort_wait = abort_wait
+        self.max_resumes = max_resumes
+        self.inflight = [0] * len(self.urls)
+        self.dead_until: dict[int, float] = {}
+        self._rr = itertools.cycle(range(len(self.urls)))
+        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self.stats = {"requests": 0, "retries": 0, "resumes": 0, "failovers": 0}
+
+    # ------------------------------------------------------------------ sessions
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            for other in [lp for lp in self._sessions if lp.is_closed()]:
+                del self._sessions[other]  # sessions of finished loops cannot be reused
+            connector = aiohttp.TCPConnector(limit=0, force_close=False)
+            session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._sessions[loop] = session
+        return session
+
+    async def aclose(self) -> None:
+        """Close this event loop's session (call once per loop that used the client)."""
+        session = self._sessions.pop(asyncio.get_running_loop(), None)
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ choice
+    def _alive(self) -> list[int]:
+        now = time.monotonic()
+        return [i for i in range(len(self.urls)) if self.dead_until.get(i, 0.0) <= now]
+
+    async def _probe_revived(self) -> None:
+        """Servers whose back-off expired come back only if ``/health`` answers 200."""
+        now = time.monotonic()
+        for i, until in list(self.dead_until.items()):
+            if until <= now and until > 0:
+                try:
+                    async with self._session().get(self.urls[i] + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        ok = r.status == 200
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    ok = False
+                if ok:
+                    self.dead_until.pop(i, None)
+                else:
+                    self.dead_until[i] = time.monotonic() + self.reprobe_after
+
+    async def _choose(self, rid: str | None) -> int:
+        if self.dead_until:
+            await self._probe_revived()
+        alive = self._alive()
+        if not alive:
+            raise _Retryable("no live server")
+        if rid is not None:
+            idx = self._sticky.get(rid)
+            if idx is not None and idx in alive:
+                self._sticky.move_to_end(rid)
+                return idx
+        if self.schedule == "least_loaded":
+            idx = min(alive, key=lambda i: (self.inflight[i], i))
+        else:
+            idx = next(self._rr)
+            while idx not in alive:
+                idx = next(self._rr)
+        if rid is not None:
+            self._sticky[rid] = idx
+            if len(self._sticky) > _MAX_STICKY:
+                self._sticky.popitem(last=False)
+        return idx
+
+    def _mark_dead(self, idx: int) -> None:
+        self.dead_until[idx] = time.monotonic() + self.reprobe_after
+        self.stats["failovers"] += 1
+
+    # ------------------------------------------------------------------ requests
+    async def _post_once(self, idx: int, payload: dict[str, Any]) -> Any:
+        url = self.urls[idx] + "/generate"
+        async with self._session().post(url, json=payload) as resp:
+            if resp.status >= 500:
+                raise _Retryable(f"{url}: HTTP {resp.status}")
+            try:
+                body = await resp.json(content_type=None)
+            except ValueError:
+                raise InferenceError(f"{url}: reply is not JSON (HTTP {resp.status})") from None
+            if resp.status != 200:
+                msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
+                raise InferenceError(f"{url}: HTTP {resp.status}: {msg or str(body)[:200]}")
+            return body
+
+    async def _post(self, payload: dict[str, Any], rid: str | None) -> tuple[Any, str]:
+        attempt = 0
+        while True:
+            try:
+                idx = await self._choose(rid)
+            except _Retryable as exc:
+                err: BaseException = exc
+                idx = -1
+            else:
+                self.inflight[idx] += 1
+                try:
+                    return await self._post_once(idx, payload), self.urls[idx]
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retryable) as exc:
+                    err = exc
+                    self._mark_dead(idx)
+                finally:
+                    self.inflight[idx] -= 1
+            attempt += 1
+            self.stats["retries"] += 1
+            if attempt > self.retries:
+                where = self.urls[idx] if idx >= 0 else "any server"
+                raise InferenceError(f"/generate failed after {attempt} attempts ({where}): {err!r}") from err
+            if idx < 0 or not self._alive():
+                await asyncio.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+
+    async def generate(self, input_ids: Sequence[int], sampling: dict[str, Any], rid: str | None = None) -> Generation:
+        """Complete ``input_ids`` with SGLang ``sampling`` params, resuming after aborts.
+
+        ``rid`` (e.g. the episode id) keeps the episode's requests on one server.
+        """
+        self.stats["requests"] += 1
+        prompt = [int(t) for t in input_ids]
+        budget = int(sampling.get("max_new_tokens", 128))
+        min_new = int(sampling.get("min_new_tokens", 0) or 0)
+        out: list[int] = []
+        lps: list[float] = []
+        versions: list[int] = []
+        texts: list[str] = []
+        finish: dict[str, Any] = {"type": "length", "length": 0}
+        resumes = 0
+        while True:
+            params = {**sampling, "max_new_tokens": budget - len(out)}
+            if min_new:
+                params["min_new_tokens"] = max(0, min_new - len(out))
+            body, url = await self._post({"input_ids": prompt + out, "sampling_params": params, "return_logprob": True}, rid)
+            ids, seg_lps, seg_versions, finish, text = parse_generate_reply(body, url)
+            out += ids
+            lps += seg_lps
+            versions += seg_versions
+            texts.append(text)
+            if finish["type"] != "abort" or len(out) >= budget or resumes >= self.max_resumes:
+                break
+            resumes += 1
+            self.stats["resumes"] += 1
+            await asyncio.sleep(self.abort_wait)
+        if finish["type"] == "abort" and len(out) >= budget:
+            finish = {"type": "length", "length": len(out)}
+        return Generation(
+            output_ids=out,
+            logprobs=lps,
+            versions=versions,
+            finish_reason=finish["type"],
+            text="".join(texts),
+            info={"finish": finish, "resumes": resumes, "server": url},
+        )

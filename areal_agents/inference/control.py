@@ -1,0 +1,195 @@
+"""Synchronous control plane for SGLang-protocol servers (httpx; used by the trainer).
+
+Every function takes one address or a list (``host:port`` or a URL) and acts on all of
+them; failures raise :class:`ControlError` naming the server and its answer. The
+``*_payload`` builders produce the exact JSON bodies SGLang expects, so the NCCL weight
+path can be driven (and tested) without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from areal_agents.inference.client import normalize_address
+
+__all__ = [
+    "ControlError",
+    "continue_generation",
+    "flush_cache",
+    "init_weights_update_group",
+    "init_weights_update_group_payload",
+    "model_info",
+    "pause_generation",
+    "server_info",
+    "update_weights_from_disk",
+    "update_weights_from_disk_payload",
+    "update_weights_from_distributed",
+    "update_weights_from_distributed_payload",
+    "wait_healthy",
+]
+
+
+class ControlError(RuntimeError):
+    """A control request failed (server down, non-200, or success: false)."""
+
+
+Addrs = str | Sequence[str]
+
+
+def _urls(addrs: Addrs) -> list[str]:
+    return [normalize_address(a) for a in ([addrs] if isinstance(addrs, str) else addrs)]
+
+
+def _request(method: str, url: str, timeout: float, json: dict[str, Any] | None = None) -> httpx.Response:
+    try:
+        resp = httpx.request(method, url, json=json, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ControlError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+    if resp.status_code != 200:
+        raise ControlError(f"{method} {url}: HTTP {resp.status_code}: {resp.text[:300]}")
+    return resp
+
+
+def _post_all(addrs: Addrs, path: str, payload: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    replies = []
+    for url in _urls(addrs):
+        resp = _request("POST", url + path, timeout, payload)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {"message": resp.text}
+        if isinstance(body, dict) and body.get("success") is False:
+            raise ControlError(f"POST {url}{path}: {body.get('message', body)}")
+        replies.append(body)
+    return replies
+
+
+def _post_concurrently(urls: list[str], path: str, payloads: list[dict[str, Any]], timeout: float) -> None:
+    """POST to all servers at once: NCCL group calls block until every member has joined."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
+        futures = [pool.submit(_post_all, u, path, p, timeout) for u, p in zip(urls, payloads, strict=True)]
+        for fut in futures:
+            fut.result()
+
+
+def wait_healthy(addrs: Addrs, timeout: float = 120.0, interval: float = 0.2) -> None:
+    """Block until every server answers ``GET /health`` with 200, or raise after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    for url in _urls(addrs):
+        last = "no answer"
+        while True:
+            try:
+                status = httpx.get(url + "/health", timeout=max(0.5, min(5.0, timeout))).status_code
+                if status == 200:
+                    break
+                last = f"HTTP {status}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}"
+            if time.monotonic() >= deadline:
+                raise ControlError(f"{url} not healthy after {timeout:.0f}s ({last})")
+            time.sleep(interval)
+
+
+def update_weights_from_disk_payload(
+    path: str, version: int | str | None = None, abort_all_requests: bool = False, flush_cache: bool = True
+) -> dict[str, Any]:
+    """Body of ``POST /update_weights_from_disk``."""
+    body: dict[str, Any] = {"model_path": str(path), "abort_all_requests": abort_all_requests,
+                            "flush_cache": flush_cache}  # fmt: skip
+    if version is not None:
+        body["weight_version"] = str(version)
+    return body
+
+
+def update_weights_from_disk(
+    addrs: Addrs, path: str, version: int | str | None = None, *, abort_all_requests: bool = False,
+    timeout: float = 600.0,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Load the HF weights in ``path`` on every server and tag them ``version``."""
+    return _post_all(addrs, "/update_weights_from_disk",
+                     update_weights_from_disk_payload(path, version, abort_all_requests), timeout)  # fmt: skip
+
+
+def pause_generation(addrs: Addrs, mode: str = "abort", timeout: float = 60.0) -> None:
+    """Pause every server; ``abort`` ends in-flight requests (clients resume them), ``in_place`` keeps them."""
+    if mode not in ("abort", "retract", "in_place"):
+        raise ValueError(f"mode must be abort, retract or in_place (got {mode!r})")
+    _post_all(addrs, "/pause_generation", {"mode": mode}, timeout)
+
+
+def continue_generation(addrs: Addrs, timeout: float = 60.0) -> None:
+    """Resume every paused server."""
+    _post_all(addrs, "/continue_generation", {}, timeout)
+
+
+def flush_cache(addrs: Addrs, timeout: float = 60.0) -> None:
+    """Drop every server's prefix cache."""
+    for url in _urls(addrs):
+        _request("POST", url + "/flush_cache", timeout)
+
+
+def model_info(addr: str, timeout: float = 10.0) -> dict[str, Any]:
+    """``GET /model_info`` of one server (``model_path``, ``weight_version``, ...)."""
+    body = _request("GET", normalize_address(addr) + "/model_info", timeout).json()
+    if not isinstance(body, dict):
+        raise ControlError(f"{addr}/model_info: expected a JSON object, got {str(body)[:200]}")
+    return body
+
+
+def server_info(addr: str, timeout: float = 10.0) -> dict[str, Any]:
+    """``GET /server_info`` of one server (the embedded one adds batching statistics)."""
+    body = _request("GET", normalize_address(addr) + "/server_info", timeout).json()
+    if not isinstance(body, dict):
+        raise ControlError(f"{addr}/server_info: expected a JSON object, got {str(body)[:200]}")
+    return body
+
+
+def init_weights_update_group_payload(
+    master_address: str, master_port: int, rank_offset: int, world_size: int,
+    group_name: str = "weight_update_group", backend: str = "nccl",
+) -> dict[str, Any]:  # fmt: skip
+    """Body of ``POST /init_weights_update_group`` (server ranks start at ``rank_offset``)."""
+    if world_size < 2 or not 0 < rank_offset < world_size:
+        raise ValueError(f"need world_size >= 2 and 0 < rank_offset < world_size (got {rank_offset}/{world_size})")
+    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend}  # fmt: skip
+
+
+def update_weights_from_distributed_payload(
+    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+    version: int | str | None = None, group_name: str = "weight_update_group", flush_cache: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """Body of ``POST /update_weights_from_distributed`` announcing tensors about to be broadcast."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
+    body: dict[str, Any] = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+                            "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
+                            "flush_cache": flush_cache}  # fmt: skip
+    if version is not None:
+        body["weight_version"] = str(version)
+    return body
+
+
+def init_weights_update_group(addrs: Addrs, payloads: Sequence[dict[str, Any]], timeout: float = 600.0) -> None:
+    """Send each server its ``init_weights_update_group`` payload (one per server, distinct rank offsets).
+
+    The calls return only once the trainer has joined the group too, so call this from a
+    thread while the trainer runs ``init_process_group`` on the same address.
+    """
+    urls = _urls(addrs)
+    if len(payloads) != len(urls):
+        raise ValueError(f"{len(urls)} servers but {len(payloads)} payloads")
+    _post_concurrently(urls, "/init_weights_update_group", list(payloads), timeout)
+
+
+def update_weights_from_distributed(addrs: Addrs, payload: dict[str, Any], timeout: float = 600.0) -> None:
+    """Tell every server to receive the broadcast described by ``payload`` (run it in a
+    thread while the trainer broadcasts the tensors)."""
+    urls = _urls(addrs)
+    _post_concurrently(urls, "/update_weights_from_distributed", [payload] * len(urls), timeout)

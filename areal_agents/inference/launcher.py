@@ -1,0 +1,231 @@
+"""Start inference servers as subprocesses: the embedded server or SGLang.
+
+Each server runs in its own process group on a loopback port and is waited for until
+``GET /health`` answers; closing a handle kills the whole group, and a failed launch
+closes every server it had started, so no process outlives its owner. On Linux the
+children launched from the main thread get SIGTERM if the launching process dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from areal_agents.config import ConfigError, _check_sglang_version
+
+__all__ = ["LaunchError", "ServerGroup", "ServerHandle", "check_sglang", "embedded_command", "free_port",
+           "launch_servers", "sglang_command"]  # fmt: skip
+
+_SERVING = re.compile(r"serving on http://([^\s:]+):(\d+)")
+_LIVE: set[ServerHandle] = set()
+
+
+class LaunchError(RuntimeError):
+    """A server did not come up; the message ends with the tail of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_sglang() -> None:
+    """Raise :class:`ConfigError` unless sglang >= 0.4.9.post2 is installed."""
+    _check_sglang_version("inference.backend")
+
+
+def _sglang_dtype(cfg: Any) -> str:
+    dtype = str(cfg.sglang.dtype)
+    return str(cfg.actor.dtype) if dtype.startswith("${") else dtype
+
+
+def sglang_command(cfg: Any, model_path: str | os.PathLike[str], port: int, server_index: int = 0) -> list[str]:
+    """``python -m sglang.launch_server ...`` for server ``server_index`` (GPUs from index * tp)."""
+    tp = int(cfg.sglang.tp_size)
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", str(cfg.inference.host),
+        "--port", str(int(port)),
+        "--tp-size", str(tp),
+        "--dtype", _sglang_dtype(cfg),
+        "--mem-fraction-static", str(cfg.sglang.mem_fraction_static),
+        "--random-seed", str(int(cfg.sglang.random_seed) + server_index),
+    ]  # fmt: skip
+    if server_index:
+        cmd += ["--base-gpu-id", str(server_index * tp)]
+    return cmd + [str(a) for a in cfg.sglang.extra_args]
+
+
+def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0) -> list[str]:
+    """``python -m areal_agents.inference.server ...`` with the config's host, device and batch size."""
+    return [
+        sys.executable, "-m", "areal_agents.inference.server",
+        "--model", str(model_path),
+        "--host", str(cfg.inference.host),
+        "--port", str(int(port)),
+        "--device", str(cfg.inference.device),
+        "--max-batch-size", str(int(cfg.inference.max_batch_size)),
+    ]  # fmt: skip
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass(eq=False)
+class ServerHandle:
+    """One server subprocess; ``address`` is ``host:port``."""
+
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def close(self, timeout: float = 10.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout``."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                self.process.wait(timeout=wait)
+                # the leader is gone; make sure no child of it survives either
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except subprocess.TimeoutExpired:
+                continue
+            except (ProcessLookupError, PermissionError):
+                pass
+            break
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ServerGroup(list[ServerHandle]):
+    """The servers of one launch; a context manager that closes them all."""
+
+    @property
+    def addresses(self) -> list[str]:
+        return [h.address for h in self]
+
+    def close(self) -> None:
+        for handle in self:
+            handle.close()
+
+    def __enter__(self) -> ServerGroup:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _start(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    # The parent-death signal fires when the *thread* that forked exits, so only the main
+    # thread (which lives as long as the process) arms it.
+    arm = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if arm else None,
+        )  # fmt: skip
+
+
+def _wait_announced(handle: ServerHandle, deadline: float) -> str:
+    """Wait for the embedded server's ``serving on`` line; return ``host:port``."""
+    while time.monotonic() < deadline:
+        match = _SERVING.search(handle.log_path.read_text(errors="replace"))
+        if match:
+            return f"{match.group(1)}:{match.group(2)}"
+        if not handle.alive:
+            raise LaunchError(f"server exited with code {handle.process.returncode}:\n{handle.log_tail()}")
+        time.sleep(0.05)
+    raise LaunchError(f"server did not announce its address in time:\n{handle.log_tail()}")
+
+
+def launch_servers(
+    cfg: Any, model_path: str | os.PathLike[str], n: int | None = None, *, log_dir: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> ServerGroup:  # fmt: skip
+    """Start ``n`` (default ``cfg.inference.num_servers``) servers of ``cfg.inference.backend``.
+
+    Returns once every server answers ``/health`` with 200; raises :class:`LaunchError`
+    (after closing what it started) otherwise. Logs go to ``log_dir/server-<i>.log``.
+    """
+    from areal_agents.inference.control import ControlError, wait_healthy
+
+    backend = cfg.inference.backend
+    if backend not in ("embedded", "sglang"):
+        raise ConfigError("inference.backend", f"cannot launch servers for backend {backend!r}")
+    if backend == "sglang":
+        check_sglang()
+    n = int(cfg.inference.num_servers if n is None else n)
+    logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="areal-servers-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    group = ServerGroup()
+    deadline = time.monotonic() + float(cfg.inference.setup_timeout)
+    try:
+        for i in range(n):
+            port = 0 if backend == "embedded" else free_port(cfg.inference.host)
+            cmd = embedded_command(cfg, model_path) if backend == "embedded" else sglang_command(cfg, model_path, port, i)
+            log_path = logs / f"server-{i}.log"
+            handle = ServerHandle(f"{cfg.inference.host}:{port}", _start(cmd, log_path, env), log_path)
+            _LIVE.add(handle)
+            group.append(handle)
+        for handle in group:
+            if backend == "embedded":
+                handle.address = _wait_announced(handle, deadline)
+            try:
+                wait_healthy(handle.address, timeout=max(1.0, deadline - time.monotonic()))
+            except ControlError as exc:
+                raise LaunchError(f"{exc}:\n{handle.log_tail()}") from None
+    except BaseException:
+        group.close()
+        raise
+    return group
+
+
+@atexit.register
+def _close_all() -> None:
+    for handle in list(_LIVE):
+        handle.close(timeout=3.0)
