@@ -95,6 +95,19 @@ class Env(gymnasium.Env):
         """A correct first reply to ``row`` for supervised warm start, or ``None`` if there is none."""
         return None
 
+    def compute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """Evaluate a reward (registered name or function) in the process-wide
+        :class:`~areal_agents.rewards.RewardRunner`; returns ``(value, info)`` where ``info`` has
+        ``reward_status`` (``ok`` / ``reward_error`` / ``timeout``) and, on failure, ``reward_error``.
+        A failed reward counts as 0.0."""
+        from areal_agents.rewards import get_default_runner
+
+        result = get_default_runner().compute(reward, completion, row)
+        info: dict[str, Any] = {"reward_status": result.status}
+        if not result.ok:
+            info["reward_error"] = result.error
+        return result.value, info
+
     def sample_row(self) -> dict[str, Any]:
         """A row of ``default_dataset`` drawn with ``self.np_random`` (for ``reset(options=None)``)."""
         name = type(self).default_dataset

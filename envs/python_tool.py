@@ -1,0 +1,99 @@
+"""``python-tool``: answer a question, optionally running Python in a sandbox first."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from areal_agents.env import Env
+from areal_agents.sandbox import run_python
+
+__all__ = ["PythonToolEnv"]
+
+_CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
+
+
+class PythonToolEnv(Env):
+    """Tool use: a reply containing ``<python>code</python>`` runs the code in the sandbox
+    (:func:`areal_agents.sandbox.run_python`) and the observation is ``<output>...</output>``;
+    a reply without a tool call is the final answer, scored by ``reward`` (default ``math``).
+
+    A ``<python>`` without ``</python>`` gets ``Tool error: close the code with </python>.``;
+    a tool run that times out says ``Timed out.`` in its output. ``max_turns`` replies truncate.
+    """
+
+    default_dataset = "arithmetic"
+    default_dataset_kwargs: dict[str, Any] = {"ops": ["*"], "template": "{a}{op}{b}=?"}
+
+    def __init__(
+        self,
+        max_turns: int = 4,
+        reward: str = "math",
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        max_output_chars: int = 300,
+        hint: str = " Run code with <python>...</python>.",
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"PythonToolEnv: max_turns must be >= 1 (got {max_turns})")
+        self.max_turns = max_turns
+        self.reward = reward
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.max_output_chars = max_output_chars
+        self.hint = hint
+        self.row: dict[str, Any] | None = None
+        self.turn = 0
+        self.tool_calls = 0
+        self.done = True
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        row = dict(options) if options is not None else self.sample_row()
+        for key in ("prompt", "answer"):
+            if key not in row:
+                raise ValueError(f"PythonToolEnv.reset: the row needs a {key!r} field (got {sorted(row)})")
+        self.row, self.turn, self.tool_calls, self.done = row, 0, 0, False
+        return str(row["prompt"]) + self.hint, {}
+
+    def _run_tool(self, action: str) -> str:
+        match = _CALL.search(action)
+        if match is None:
+            return "Tool error: close the code with </python>."
+        self.tool_calls += 1
+        result = run_python(match.group(1), timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+                            max_output_chars=self.max_output_chars)
+        text = result.stdout
+        if result.exit_code != 0 and result.stderr:
+            text += result.stderr.strip().splitlines()[-1]
+        text = text.strip()[: self.max_output_chars]
+        if result.timed_out:
+            text += "\nTimed out."
+        return f"<output>{text}</output>"
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.row is None or self.done:
+            raise RuntimeError("PythonToolEnv.step called before reset() or after the episode ended")
+        self.turn += 1
+        info: dict[str, Any] = {"turns": self.turn, "success": False}
+        if "<python>" in action:
+            obs = self._run_tool(action)
+            info["tool_calls"] = self.tool_calls
+            if self.turn >= self.max_turns:
+                self.done = True
+                return obs, 0.0, False, True, info
+            return obs, 0.0, False, False, info
+        reward, reward_info = self.compute_reward(self.reward, action, self.row)
+        info.update(reward_info)
+        info["success"] = reward >= 1.0
+        info["tool_calls"] = self.tool_calls
+        self.done = True
+        return "", reward, True, False, info
+
+    def reference_completion(self, row: dict[str, Any]) -> str | None:
+        """The tool call that computes the answer (``expression`` rows), else the answer itself."""
+        if row.get("expression"):
+            return f"<python>print({row['expression']})</python>"
+        return str(row["answer"])
