@@ -6,7 +6,6 @@ Public names are re-exported by :mod:`areal_agents.rollout`.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import os
 import time
@@ -58,24 +57,16 @@ def make_episode_fn(
 ) -> EpisodeFn:
     """``episode_fn(row, seed, episode_id)``: a fresh env, ``agent.run(env, llm)``, env closed.
 
-    The env is reset with ``seed`` and ``options=row`` through the agent (agents whose
-    ``run`` accepts ``seed``/``options`` keywords get them; otherwise the episode resets
-    the env first). Exceptions never escape: they become a :class:`Trajectory` with status
+    ``agent.run(env, llm, row, seed=seed)`` resets the env with ``options=row`` and
+    ``seed`` and plays it; ``llm = llm_factory(episode_id)``. Exceptions never escape: they become a :class:`Trajectory` with status
     ``env_error``, ``server_error`` or ``timeout`` (after ``episode_timeout`` seconds) and
     the error text in ``info["error"]``. Cancellation propagates, after closing the env.
     """
-    params = inspect.signature(agent.run).parameters
-    takes_reset_args = "seed" in params and "options" in params
-
     async def play(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
         env = env_factory()
         try:
             llm = llm_factory(episode_id)
-            if takes_reset_args:
-                traj = await agent.run(env, llm, seed=seed, options=row)
-            else:
-                await _reset(env, seed, row)
-                traj = await agent.run(env, llm)
+            traj = await agent.run(env, llm, row, seed=seed)
         finally:
             close = getattr(env, "close", None)
             if close is not None:
@@ -95,13 +86,6 @@ def make_episode_fn(
             return _failed(classify_error(exc), exc)
 
     return episode_fn
-
-
-async def _reset(env: Any, seed: int, row: dict[str, Any]) -> Any:
-    areset = getattr(env, "areset", None)
-    if areset is not None:
-        return await areset(seed=seed, options=row)
-    return await asyncio.to_thread(env.reset, seed=seed, options=row)
 
 
 def write_rollouts(executor: RolloutExecutor, n: int, path: str | os.PathLike[str], *,
