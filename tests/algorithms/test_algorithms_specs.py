@@ -142,3 +142,22 @@ def test_custom_algorithm_from_a_user_file(tmp_path: Path) -> None:
         algorithms.remove(name)
     with pytest.raises(ConfigError, match="algorithm.name"):
         load_config(overrides=[f"algorithm.name={name}"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BUILTINS)
+def test_each_named_algorithm_on_cuda(name: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu marker needs a CUDA device")
+    spec = get_algorithm(name)
+    cfg = load_config(overrides=[f"algorithm.name={name}", "algorithm.kl_ctl=0.05", "agent.max_tokens=4"]).algorithm
+    cpu = synthetic_batch()
+    batch = {k: v.cuda() for k, v in cpu.items()}
+    batch["advantages"] = spec.advantage_fn()(batch, cfg)
+    cpu["advantages"] = spec.advantage_fn()(cpu, cfg)
+    torch.testing.assert_close(batch["advantages"].cpu(), cpu["advantages"])
+    logp = (batch["logprobs"] + 0.05).requires_grad_()
+    values = (batch["values"] + 0.1).requires_grad_() if spec.needs_critic else None
+    loss, _ = spec.loss_fn()(logp, batch, cfg, LossNorm.from_batch(batch, 4), values=values)
+    loss.backward()
+    assert loss.device.type == "cuda" and bool(torch.isfinite(logp.grad).all())  # type: ignore[arg-type]
