@@ -1,0 +1,242 @@
+"""The embedded server, as a real subprocess on loopback, speaking SGLang's protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from inference_support import make_models, reforward_logprobs, start_servers
+
+from areal_agents.inference.launcher import ServerHandle
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def server(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    with start_servers(models[0], 1, tmp_path_factory.mktemp("logs"), max_batch_size=32) as group:
+        yield group[0]
+
+
+def post(server: ServerHandle, path: str, body: Any = None, content: bytes | None = None) -> httpx.Response:
+    if content is not None:
+        return httpx.post(server.url + path, content=content, timeout=60)
+    return httpx.post(server.url + path, json=body, timeout=60)
+
+
+def generate(server: ServerHandle, **body: Any) -> Any:
+    resp = post(server, "/generate", body)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_single_request_fields(server: ServerHandle) -> None:
+    out = generate(server, input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 6, "ignore_eos": True},
+                   return_logprob=True, rid="req-1")  # fmt: skip
+    assert set(out) == {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["id"] == "req-1"
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 6 == len(out["output_ids"])
+    assert meta["weight_version"] == "0"
+    lps = meta["output_token_logprobs"]
+    assert [row[1] for row in lps] == out["output_ids"] and all(row[2] is None for row in lps)
+    assert all(lp <= 0.0 for lp, _, _ in lps)
+    assert isinstance(out["text"], str)
+
+
+def test_text_batch_and_n(server: ServerHandle) -> None:
+    out = generate(server, text=["What is 1 + 2?", "The answer"], sampling_params={"max_new_tokens": 3, "n": 2})
+    assert isinstance(out, list) and len(out) == 4
+    assert all(len(o["output_ids"]) == 3 and "output_token_logprobs" not in o["meta_info"] for o in out)
+    assert len({o["meta_info"]["id"] for o in out}) == 4
+    batch = generate(server, input_ids=[[1, 2], [3, 4, 5]], sampling_params={"max_new_tokens": 2}, rid=["a", "b"])
+    assert [o["meta_info"]["id"] for o in batch] == ["a", "b"]
+    assert [o["meta_info"]["prompt_tokens"] for o in batch] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 0.0},
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
+    ],
+)
+def test_logprobs_equal_a_full_reforward(server: ServerHandle, models: tuple[Path, Path], sampling: dict) -> None:
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 250) for _ in range(11)]
+    out = generate(server, input_ids=prompt, return_logprob=True,
+                   sampling_params={"max_new_tokens": 40, "ignore_eos": True, **sampling})  # fmt: skip
+    ids = out["output_ids"]
+    got = [row[0] for row in out["meta_info"]["output_token_logprobs"]]
+    temperature = sampling["temperature"] or 1.0  # greedy: logprobs at temperature 1
+    want = reforward_logprobs(models[0], prompt, ids, temperature)
+    assert len(ids) == 40
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    if sampling["temperature"] == 0.0:
+        again = generate(server, input_ids=prompt, sampling_params={"max_new_tokens": 40, "ignore_eos": True,
+                                                                    "temperature": 0.0})  # fmt: skip
+        assert again["output_ids"] == ids
+
+
+def test_logprobs_exact_when_sequences_join_a_running_batch(server: ServerHandle, models: tuple[Path, Path]) -> None:
+    """Prompts of different lengths arrive while others decode: left padding must not leak."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 250) for _ in range(rng.randint(1, 30))] for _ in range(12)]
+
+    async def run() -> list[Any]:
+        async with aiohttp.ClientSession() as session:
+            async def one(i: int, p: list[int]) -> Any:
+                await asyncio.sleep(0.01 * i)
+                body = {"input_ids": p, "return_logprob": True,
+                        "sampling_params": {"max_new_tokens": 8 + 3 * i, "ignore_eos": True}}  # fmt: skip
+                async with session.post(server.url + "/generate", json=body) as r:
+                    return await r.json()
+
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    outs = asyncio.run(run())
+    for p, o in zip(prompts, outs, strict=True):
+        want = reforward_logprobs(models[0], p, o["output_ids"])
+        got = [row[0] for row in o["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+
+
+def test_stop_rules(server: ServerHandle) -> None:
+    free = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
+                                                                "ignore_eos": True})  # fmt: skip
+    ids = free["output_ids"]
+    third = ids[2]
+    out = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
+                                                               "stop_token_ids": [third]})  # fmt: skip
+    first_hit = ids.index(third)
+    assert out["output_ids"] == ids[: first_hit + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
+    zero = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 0})
+    assert zero["output_ids"] == [] and zero["meta_info"]["finish_reason"]["type"] == "length"
+    text = free["text"]
+    stop = text[len(text) // 2 :][:2]
+    if stop.strip() and "\ufffd" not in stop:
+        cut = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
+                                                                   "stop": [stop], "ignore_eos": True})  # fmt: skip
+        assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert stop not in cut["text"] and text.startswith(cut["text"])
+
+
+def test_concurrent_requests_share_forward_passes(server: ServerHandle) -> None:
+    before = httpx.get(server.url + "/server_info").json()["batching"]
+
+    async def run() -> list[Any]:
+        async with aiohttp.ClientSession() as session:
+            async def one(i: int) -> Any:
+                body = {"input_ids": [3 + i, 4], "sampling_params": {"max_new_tokens": 24, "ignore_eos": True}}
+                async with session.post(server.url + "/generate", json=body) as r:
+                    return await r.json()
+
+            return await asyncio.gather(*(one(i) for i in range(24)))
+
+    outs = asyncio.run(run())
+    after = httpx.get(server.url + "/server_info").json()["batching"]
+    assert all(len(o["output_ids"]) == 24 for o in outs)
+    steps = after["decode_steps"] - before["decode_steps"]
+    assert after["max_batch_size_seen"] >= 12
+    assert steps < 24 * 23 / 4  # far fewer forwards than one per request-token
+    metrics = httpx.get(server.url + "/metrics").text
+    assert "embedded_mean_batch_size" in metrics
+
+
+def test_model_info_health_and_control(server: ServerHandle) -> None:
+    info = httpx.get(server.url + "/model_info").json()
+    assert info["is_generation"] is True and info["weight_version"] == "0" and Path(info["model_path"]).is_dir()
+    assert httpx.get(server.url + "/get_model_info").json() == info
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/health_generate", timeout=30).status_code == 200
+    assert httpx.post(server.url + "/flush_cache").status_code == 200
+    nccl = post(server, "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
+                                                        "rank_offset": 1, "world_size": 2})  # fmt: skip
+    assert nccl.status_code == 400 and nccl.json()["success"] is False
+
+
+def test_pause_in_place_holds_requests_until_continue(server: ServerHandle) -> None:
+    assert post(server, "/pause_generation", {"mode": "in_place"}).json()["status"] == "ok"
+
+    async def run() -> tuple[bool, Any]:
+        async with aiohttp.ClientSession() as session:
+            body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
+            task = asyncio.ensure_future(session.post(server.url + "/generate", json=body))
+            await asyncio.sleep(0.5)
+            held = not task.done()
+            await asyncio.to_thread(post, server, "/continue_generation", {})
+            resp = await task
+            return held, await resp.json()
+
+    held, out = asyncio.run(run())
+    assert held and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_abort_request_returns_partial_output(server: ServerHandle) -> None:
+    async def run() -> Any:
+        async with aiohttp.ClientSession() as session:
+            body = {"input_ids": [5, 6], "rid": "to-abort", "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}  # fmt: skip
+            task = asyncio.ensure_future(session.post(server.url + "/generate", json=body))
+            await asyncio.sleep(0.3)
+            ack = await asyncio.to_thread(post, server, "/abort_request", {"rid": "to-abort"})
+            resp = await task
+            return ack.json(), await resp.json()
+
+    ack, out = asyncio.run(run())
+    assert ack["num_aborted"] == 1
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < len(out["output_ids"]) < 900
+    assert len(out["meta_info"]["output_token_logprobs"]) == len(out["output_ids"])
+
+
+BAD_BODIES: list[Any] = [
+    {}, [], "x", 3, None, {"input_ids": []}, {"input_ids": "abc"}, {"input_ids": [1, "2"]}, {"input_ids": [1.5]},
+    {"input_ids": [-1]}, {"input_ids": [10**9]}, {"input_ids": [True]}, {"input_ids": [[1], []]},
+    {"input_ids": [[1], 2]}, {"text": 5}, {"text": []}, {"text": "hi", "input_ids": [1]},
+    {"input_ids": [1], "sampling_params": []}, {"input_ids": [1], "sampling_params": {"max_new_tokens": -1}},
+    {"input_ids": [1], "sampling_params": {"max_new_tokens": "8"}}, {"input_ids": [1], "sampling_params": {"temperature": -1}},
+    {"input_ids": [1], "sampling_params": {"top_p": 0}}, {"input_ids": [1], "sampling_params": {"top_k": 0}},
+    {"input_ids": [1], "sampling_params": {"n": 0}}, {"input_ids": [1], "sampling_params": {"stop": [1]}},
+    {"input_ids": [1], "sampling_params": {"stop_token_ids": [99999]}}, {"input_ids": [1], "sampling_params": {"bogus": 1}},
+    {"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, {"input_ids": [1], "return_logprob": "yes"},
+    {"input_ids": [1], "rid": 5}, {"input_ids": [[1], [2]], "rid": ["a"]}, {"input_ids": [1], "stream": True},
+    {"input_ids": [1], "unknown_field": 1}, {"input_ids": [1] * 5000},
+    {"input_ids": [1], "sampling_params": {"temperature": float("nan")}},
+]  # fmt: skip
+
+
+def test_bad_requests_get_400_json_and_the_server_keeps_serving(server: ServerHandle) -> None:
+    rng = random.Random(0)
+    raw: list[bytes] = [b"{", b"", b"\xff\xfe", b"null", b'{"input_ids": [1,', b"[[[[", b'{"input_ids": NaN}']
+    for _ in range(40):  # random byte strings and random JSON values
+        raw.append(bytes(rng.randrange(256) for _ in range(rng.randint(1, 40))))
+        key = rng.choice(["input_ids", "text", "sampling_params", "rid"])
+        value = rng.choice([None, 1, -5, [1, [2]], {"a": 1}, [0.5], [[]], "s" if key != "text" else 7])
+        raw.append(json.dumps({key: value}).encode())
+    bodies = [json.dumps(b, allow_nan=True).encode() for b in BAD_BODIES] + raw
+    for content in bodies:
+        resp = post(server, "/generate", content=content)
+        assert resp.status_code == 400, (content, resp.status_code, resp.text)
+        err = resp.json()["error"]["message"]
+        assert isinstance(err, str) and err
+    for path, body in (("/update_weights_from_disk", {}), ("/update_weights_from_disk", {"model_path": 3}),
+                       ("/pause_generation", {"mode": "sideways"}), ("/abort_request", {"rid": 3})):  # fmt: skip
+        assert post(server, path, body).status_code == 400
+    assert httpx.get(server.url + "/nowhere").status_code == 404
+    assert httpx.get(server.url + "/health").status_code == 200
+    ok = generate(server, input_ids=[1, 2], sampling_params={"max_new_tokens": 2})
+    assert len(ok["output_ids"]) == 2
