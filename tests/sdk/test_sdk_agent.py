@@ -1,0 +1,248 @@
+"""ChatAgent and the token-recording LLM: exact bookkeeping across turns."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from areal_agents import ChatAgent, Env, Trajectory
+from areal_agents.llm import LLM, Generation
+from areal_agents.testing import CharTokenizer, ScriptedLLM
+from areal_agents.types import discounted_returns
+
+
+class EchoEnv(Env):
+    """Three turns; reward = turn index + 1 when the reply is 'ok'; fixed replies."""
+
+    def __init__(self, turns: int = 3, fail_at: int | None = None) -> None:
+        self.turns, self.fail_at = turns, fail_at
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return "start", {}
+
+    def step(self, action):
+        self.t += 1
+        if self.fail_at == self.t:
+            raise RuntimeError("boom in step")
+        reward = float(self.t) if action == "ok" else 0.0
+        done = self.t >= self.turns
+        return f"obs{self.t}", reward, done, False, {"success": done}
+
+
+def play(env: Env, llm: LLM, **agent_kw: Any) -> Trajectory:
+    return asyncio.run(ChatAgent(**agent_kw).run(env, llm))
+
+
+def test_multi_turn_token_bookkeeping() -> None:
+    tok = CharTokenizer()
+    llm = ScriptedLLM(["ok", "ok", "no"], tok)
+    traj = play(EchoEnv(), llm, max_turns=5, system_prompt="sys")
+    traj.validate()
+    assert traj.num_turns == 3 and traj.status == "ok"
+    # Generated tokens are exactly the scripted replies + EOS, and only they carry loss.
+    for (start, end), reply in zip(traj.turn_spans, ["ok", "ok", "no"], strict=True):
+        assert traj.input_ids[start:end] == tok.encode(reply) + [tok.eos_token_id]
+        assert traj.loss_mask[start:end] == [1] * (end - start)
+        assert traj.logprobs[start:end] == pytest.approx([-0.1 * (1 + i % 5) for i in range(end - start)])
+        assert traj.versions[start:end] == [0] * (end - start)
+    assert sum(traj.loss_mask) == sum(e - s for s, e in traj.turn_spans)
+    outside = [i for i in range(traj.num_tokens) if not any(s <= i < e for s, e in traj.turn_spans)]
+    assert all(traj.loss_mask[i] == 0 and traj.versions[i] == -1 and traj.logprobs[i] == 0.0 for i in outside)
+    # The whole sequence is what the chat template renders for the conversation.
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "start"}]
+    for i, reply in enumerate(["ok", "ok", "no"]):
+        msgs.append({"role": "assistant", "content": reply})
+        if i < 2:
+            msgs.append({"role": "user", "content": f"obs{i + 1}"})
+    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
+    assert traj.turn_rewards == [1.0, 2.0, 0.0]
+    assert traj.info["end_reason"] == "terminated" and traj.info["success"] is True
+
+
+def test_no_retokenization_each_request_extends_the_previous_one() -> None:
+    llm = ScriptedLLM(["ok", "ok", "ok"])
+    traj = play(EchoEnv(), llm, max_turns=3)
+    prompts = [c["input_ids"] for c in llm.calls]
+    for prev, nxt in zip(prompts, prompts[1:], strict=False):
+        assert nxt[: len(prev)] == prev  # append-only
+    # Each request = previous request + its generated tokens + the closing/new-message delta.
+    for i, (start, _end) in enumerate(traj.turn_spans):
+        assert len(prompts[i]) == start
+        assert traj.input_ids[:start] == prompts[i]
+
+
+class BPELikeTokenizer(CharTokenizer):
+    """Fault injection: merges a newline followed by <|im_start|> into one token, as BPE merges
+    can, so re-tokenizing the full text gives other ids than appending per-turn deltas."""
+
+    MERGED = 10**7
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        out: list[int] = []
+        for t in super().encode(text, add_special_tokens):
+            if out and out[-1] == self.OFFSET + ord("\n") and t == 1:
+                out[-1] = self.MERGED
+            else:
+                out.append(t)
+        return out
+
+    def decode(self, ids, skip_special_tokens=False) -> str:
+        plain = CharTokenizer.decode
+        return "".join(
+            plain(self, [self.OFFSET + ord("\n"), 1], skip_special_tokens) if t == self.MERGED
+            else plain(self, [t], skip_special_tokens)
+            for t in ids
+        )
+
+
+def test_recorded_ids_are_the_concatenation_of_deltas_not_a_retokenization() -> None:
+    tok = BPELikeTokenizer()
+    llm = ScriptedLLM(["ok", "ok"], tok)
+    traj = play(EchoEnv(turns=2), llm, max_turns=2)
+    full_text = tok.decode(traj.input_ids)
+    assert tok.encode(full_text) != traj.input_ids  # a re-tokenization would have merged tokens
+    # ... while the record is prompt + gen + "\n" + delta(new messages) + gen, each encoded alone.
+    s0, e0 = traj.turn_spans[0]
+    s1, e1 = traj.turn_spans[1]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "start"}], tokenize=False, add_generation_prompt=True)
+    delta = "<|im_start|>user\nobs1<|im_end|>\n<|im_start|>assistant\n"
+    expected = tok.encode(prompt) + tok.encode("ok") + [tok.eos_token_id] + tok.encode("\n") + tok.encode(delta)
+    assert traj.input_ids[:s1] == expected
+    assert traj.input_ids[s1:e1] == tok.encode("ok") + [tok.eos_token_id]
+    assert traj.loss_mask[e0:s1] == [0] * (s1 - e0)
+
+
+def test_eos_then_only_the_rest_of_the_turn_end_is_appended() -> None:
+    tok = CharTokenizer()
+    llm = ScriptedLLM(["ok", "ok"], tok)
+    traj = play(EchoEnv(turns=2), llm, max_turns=2)
+    _, e0 = traj.turn_spans[0]
+    assert traj.input_ids[e0 - 1] == tok.eos_token_id and traj.loss_mask[e0 - 1] == 1
+    assert traj.input_ids[e0] == tok.encode("\n")[0] and traj.loss_mask[e0] == 0
+
+
+def test_turn_discount_hand_computed() -> None:
+    # gamma = 0.5 over three turns with rewards 1, 2, 0: return 1 + 0.5*2 + 0.25*0 = 2.0
+    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "no"]), max_turns=3, turn_discount=0.5)
+    assert traj.reward == pytest.approx(2.0)
+    assert traj.turn_returns == pytest.approx([2.0, 2.0, 0.0])
+    # gamma = 1: plain sum.
+    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "ok"]), max_turns=3, turn_discount=1.0)
+    assert traj.reward == pytest.approx(6.0) and traj.turn_returns == pytest.approx([6.0, 5.0, 3.0])
+    # single turn: the discount starts at gamma^0.
+    traj = play(EchoEnv(turns=1), ScriptedLLM(["ok"]), max_turns=3, turn_discount=0.3)
+    assert traj.reward == pytest.approx(1.0) and traj.turn_returns == [1.0]
+    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == (0.25, [0.25, 0.5, 1.0])
+
+
+def test_env_error_is_recorded_not_raised() -> None:
+    traj = play(EchoEnv(fail_at=2), ScriptedLLM(["ok", "ok"]), max_turns=3)
+    assert traj.status == "env_error" and "boom in step" in traj.info["error"]
+    assert traj.num_turns == 2 and traj.turn_rewards == [1.0, 0.0]
+    traj.validate()
+
+    class BadReset(EchoEnv):
+        def reset(self, *, seed=None, options=None):
+            raise KeyError("no such row")
+
+    traj = play(BadReset(), ScriptedLLM([]), max_turns=3)
+    assert traj.status == "env_error" and "no such row" in traj.info["error"] and traj.num_tokens == 0
+
+
+def test_max_turns_and_max_tokens_budgets() -> None:
+    traj = play(EchoEnv(turns=10), ScriptedLLM(["ok"] * 10), max_turns=2)
+    assert traj.num_turns == 2 and traj.info["end_reason"] == "max_turns" and traj.info["success"] is False
+    llm = ScriptedLLM(["a" * 20] * 10)
+    traj = play(EchoEnv(turns=10), llm, max_turns=10, max_tokens=25, sampling={"max_new_tokens": 15})
+    assert [c["sampling"]["max_new_tokens"] for c in llm.calls] == [15, 10]
+    assert traj.num_generated == 25 and traj.info["end_reason"] == "max_tokens"
+    assert traj.finish_reason == "length"
+
+
+def test_aborted_generation_sets_status() -> None:
+    class AbortingLLM(ScriptedLLM):
+        """Fault injection: the server aborts the request."""
+
+        async def _generate(self, input_ids, sampling):
+            gen = await super()._generate(input_ids, sampling)
+            return Generation(gen.output_ids[:1], gen.logprobs[:1], gen.versions[:1], "abort")
+
+    traj = play(EchoEnv(), AbortingLLM(["ok"]), max_turns=3)
+    assert traj.status == "aborted" and traj.num_turns == 1
+
+
+def test_jsonl_round_trip(tmp_path) -> None:
+    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "no"], version=3), max_turns=3, turn_discount=0.9)
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(traj.to_json() + "\n" + traj.to_json() + "\n")
+    back = [Trajectory.from_json(line) for line in path.read_text().splitlines()]
+    assert back[0] == traj and back[1].turn_spans == traj.turn_spans
+    assert back[0].versions[traj.turn_spans[0][0]] == 3
+
+
+def test_generate_records_token_level_turns() -> None:
+    tok = CharTokenizer()
+    llm = ScriptedLLM(["ab", "cd"], tok, append_eos=False)
+
+    async def main() -> None:
+        g1 = await llm.generate([5, 6, 7], max_new_tokens=8)
+        assert g1.output_ids == tok.encode("ab")
+        await llm.generate(llm.input_ids + [9], max_new_tokens=8)
+        with pytest.raises(ValueError, match="must start with"):
+            await llm.generate([1, 2, 3])
+
+    asyncio.run(main())
+    traj = llm.to_trajectory()
+    assert traj.input_ids == [5, 6, 7] + tok.encode("ab") + [9] + tok.encode("cd")
+    assert traj.loss_mask == [0, 0, 0, 1, 1, 0, 1, 1]
+    assert traj.turn_spans == [(3, 5), (6, 8)]
+
+
+def test_chat_rejects_a_conversation_that_does_not_extend_the_episode() -> None:
+    llm = ScriptedLLM(["x", "y"])
+
+    async def main() -> None:
+        await llm.chat([{"role": "user", "content": "a"}])
+        with pytest.raises(ValueError, match="must repeat"):
+            await llm.chat([{"role": "user", "content": "different"}, {"role": "user", "content": "b"}])
+
+    asyncio.run(main())
+
+
+def test_stop_strings_and_default_sampling() -> None:
+    llm = ScriptedLLM(["abc STOP def"], default_sampling={"temperature": 0.7, "stop": ["STOP"]})
+    text = asyncio.run(llm.chat([{"role": "user", "content": "q"}], top_p=0.9))
+    assert text == "abc STOP"
+    assert llm.calls[0]["sampling"] == {"temperature": 0.7, "stop": ["STOP"], "top_p": 0.9}
+    # A stop string is not EOS, so the full ChatML turn end follows as context.
+    assert llm.to_trajectory().completion_text == "abc STOP<|im_end|>\n"
+
+
+def test_hf_tokenizer_with_chat_template() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    bpe.train_from_iterator(["12+34=46", "user assistant", "Wrong, try again."] * 20, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    llm = ScriptedLLM(["46", "47"], tok)
+    traj = play(EchoEnv(turns=2), llm, max_turns=2)
+    msgs = [{"role": "user", "content": "start"}, {"role": "assistant", "content": "46"},
+            {"role": "user", "content": "obs1"}, {"role": "assistant", "content": "47"}]
+    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
+    s, e = traj.turn_spans[1]
+    assert traj.input_ids[s:e] == tok.encode("47", add_special_tokens=False) + [tok.eos_token_id]

@@ -1,0 +1,155 @@
+"""Every registered env passes check_env; built-in env behaviour; check_env catches mistakes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from areal_agents import ChatAgent, Env, check_env, make_env
+from areal_agents.env import EnvCheckError
+from areal_agents.registry import RegistryError, envs
+from areal_agents.testing import ScriptedLLM
+
+BUILTINS = {"math", "math-multiturn", "guess-number", "python-tool", "countdown"}
+
+
+def test_builtins_are_registered() -> None:
+    assert BUILTINS <= set(envs.names())
+
+
+@pytest.mark.parametrize("name", envs.names())
+def test_check_env_passes_on_every_registered_env(name: str) -> None:
+    env = make_env(name)
+    try:
+        check_env(env, seed=3)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS - {"guess-number"}))
+def test_reference_completion_solves_or_starts_the_episode(name: str) -> None:
+    env = make_env(name)
+    obs, _ = env.reset(seed=1)
+    assert isinstance(obs, str) and len(obs) < 80  # prompts stay short for the tiny model
+    ref = env.reference_completion(env.row)
+    assert isinstance(ref, str) and ref
+    out, reward, terminated, _, info = env.step(ref)
+    if name == "python-tool":  # the reference is the tool call: its output holds the answer
+        assert not terminated and out == f"<output>{env.row['answer']}</output>"
+    else:
+        assert terminated and info["success"] is True and reward == 1.0
+
+
+def test_math_env_rows_and_wrong_answers() -> None:
+    env = make_env("math")
+    obs, _ = env.reset(options={"prompt": "7+5=", "answer": "12"})
+    assert obs == "7+5="
+    _, reward, terminated, truncated, info = env.step("13")
+    assert (reward, terminated, truncated, info["success"]) == (0.0, True, False, False)
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("12")
+    env.reset(options={"prompt": "q", "answer": "#### 12"})
+    assert env.step("so \\boxed{12}")[1] == 1.0
+    with pytest.raises(ValueError, match="'answer'"):
+        env.reset(options={"prompt": "q"})
+
+
+def test_math_multiturn_retries_with_feedback_and_discount() -> None:
+    env = make_env("math-multiturn", max_turns=3)
+    row = {"prompt": "2+2=", "answer": "4"}
+    traj = asyncio.run(ChatAgent(max_turns=5, turn_discount=0.5).run(env, ScriptedLLM(["5", "3", "4"]), row))
+    assert traj.turn_rewards == [0.0, 0.0, 1.0] and traj.reward == pytest.approx(0.25)
+    assert "Wrong, try again." in traj.completion_text and traj.info["success"] is True
+    env.reset(options=row)
+    outs = [env.step("1") for _ in range(3)]
+    assert [o[3] for o in outs] == [False, False, True]  # out of tries: truncated
+
+
+def test_guess_number_feedback() -> None:
+    env = make_env("guess-number", max_turns=4)
+    env.reset(options={"target": 30, "low": 1, "high": 100})
+    assert env.step("50")[0] == "Lower."
+    assert env.step("I guess 20")[0] == "Higher."
+    assert env.step("hmm")[0] == "Reply with one number."
+    obs, reward, terminated, _, info = env.step("30")
+    assert terminated and info["success"] and reward == pytest.approx(1 - 0.5 * 3 / 4)
+
+
+def test_countdown_feedback() -> None:
+    env = make_env("countdown")
+    env.reset(options={"numbers": [3, 5, 7], "target": 22})
+    assert env.step("3+5+7")[0] == "That gives 15, not 22."
+    assert env.step("3*9")[0] == "Use only 3 5 7, each once."
+    assert env.step("import os")[0] == "Invalid expression."
+    assert env.step("7/0")[0] == "Invalid expression."
+    _, reward, terminated, _, info = env.step("3*5+7 = 22")
+    assert terminated and reward == 1.0 and info["success"]
+
+
+def test_python_tool_runs_code_and_reports_broken_calls() -> None:
+    env = make_env("python-tool", max_turns=4, timeout_s=2.0)
+    env.reset(options={"prompt": "123*456=?", "answer": "56088"})
+    obs, reward, terminated, _, _ = env.step("<python>print(123*456)</python>")
+    assert obs == "<output>56088</output>" and reward == 0.0 and not terminated
+    obs, *_ = env.step("<python>print(1")
+    assert obs == "Tool error: close the code with </python>."
+    obs, *_ = env.step("<python>1/0</python>")
+    assert "ZeroDivisionError" in obs
+    _, reward, terminated, _, info = env.step("\\boxed{56088}")
+    assert terminated and reward == 1.0 and info["success"] and info["tool_calls"] == 2
+    env.reset(options={"prompt": "q", "answer": "1"})
+    obs, *_ = env.step("<python>while True: pass</python>")
+    assert obs.endswith("Timed out.</output>")
+
+
+def test_make_env_errors_are_one_clear_line() -> None:
+    with pytest.raises(RegistryError, match="unknown env 'nope'; registered: .*math"):
+        make_env("nope")
+    with pytest.raises(TypeError, match="env 'math': bad constructor arguments"):
+        make_env("math", no_such_arg=1)
+
+
+class _Base(Env):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "q", {}
+
+    def step(self, action):
+        return "", 1.0, True, False, {"success": True}
+
+
+@pytest.mark.parametrize(
+    ("step_result", "message"),
+    [
+        (("", 1.0, True, False), "must return 5 values"),
+        ((3, 1.0, True, False, {"success": True}), "observation of type int"),
+        (("", "1", True, False, {"success": True}), "reward '1' of type str"),
+        (("", float("nan"), True, False, {"success": True}), "rewards must be finite"),
+        (("", 1.0, 1, False, {"success": True}), "terminated=1"),
+        (("", 1.0, True, False, {}), "'success': bool"),
+        (("", 1.0, False, False, []), "info as a dict"),
+    ],
+)
+def test_check_env_names_the_problem(step_result, message) -> None:
+    class Bad(_Base):
+        def step(self, action):
+            return step_result
+
+    with pytest.raises(EnvCheckError, match=message):
+        check_env(Bad())
+
+
+def test_check_env_catches_nondeterminism_and_non_envs() -> None:
+    import random
+
+    class Random(_Base):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return str(random.random()), {}
+
+    with pytest.raises(EnvCheckError, match="not deterministic: reset differs.*self.np_random"):
+        check_env(Random())
+    with pytest.raises(EnvCheckError, match="must subclass areal_agents.Env"):
+        check_env(object())
+    check_env(_Base())
