@@ -81,32 +81,31 @@ if cfg["isolate"]:
         isolated = True
     except OSError as exc:
         note("isolation_error", str(exc))
-note("isolated", isolated)
-lim = cfg["limits"]
-for res, value in ((resource.RLIMIT_AS, lim["as"]), (resource.RLIMIT_CPU, lim["cpu"]),
-                   (resource.RLIMIT_NPROC, lim["nproc"]), (resource.RLIMIT_FSIZE, lim["fsize"]),
-                   (resource.RLIMIT_NOFILE, lim["nofile"]), (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(res, (value, value))
-os.close(cfg["status_fd"])
-if uid == 0:
-    os.setgroups([])
-    os.setgid(cfg["drop_to"])
-    os.setuid(cfg["drop_to"])
-argv = [sys.executable, "-I", "main.py"]
-if not isolated:
-    os.chdir(cfg["cwd"])
-    os.execve(sys.executable, argv, cfg["env"])
-pid = os.fork()
+pid = os.fork() if isolated else 0
 if pid == 0:
-    libc.prctl(1, 9)
-    if uid != 0:
-        call("unshare", USER | NS)
-    try:
-        call("mount", b"proc", b"/proc", b"proc", 2 | 4 | 8, None)
-    except OSError:
-        pass
+    if isolated:
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG = SIGKILL
+        try:
+            call("mount", b"proc", b"/proc", b"proc", 2 | 4 | 8, None)
+            note("proc", True)
+        except OSError as exc:
+            note("isolation_error", "proc: " + str(exc))
+        if uid != 0:
+            call("unshare", USER | NS)  # lock the mounts above; capabilities end at exec
+    note("isolated", isolated)
+    os.close(cfg["status_fd"])
+    lim = cfg["limits"]
+    for res, value in ((resource.RLIMIT_AS, lim["as"]), (resource.RLIMIT_CPU, lim["cpu"]),
+                       (resource.RLIMIT_NPROC, lim["nproc"]), (resource.RLIMIT_FSIZE, lim["fsize"]),
+                       (resource.RLIMIT_NOFILE, lim["nofile"]), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, (value, value))
+    if uid == 0 and (isolated or cfg["drop_ok"]):
+        os.setgroups([])
+        os.setgid(cfg["drop_to"])
+        os.setuid(cfg["drop_to"])
     os.chdir(cfg["cwd"])
-    os.execve(sys.executable, argv, cfg["env"])
+    os.execve(sys.executable, [sys.executable, "-I", "main.py"], cfg["env"])
+os.close(cfg["status_fd"])
 while True:
     try:
         _, status = os.waitpid(pid, 0)
@@ -126,7 +125,8 @@ class SandboxResult:
     (e.g. 137 = SIGKILL, 152 = SIGXCPU after the CPU limit, 153 = SIGXFSZ after the file
     size limit). ``timed_out`` is true when the wall-clock limit killed it.
     ``isolation`` lists what was in force (``namespaces``: network, PID and file hiding;
-    ``drop_privileges``); ``isolation_error`` says why namespaces were not available.
+    ``proc``: a private ``/proc``; ``drop_privileges``: root ran it as ``nobody``);
+    ``isolation_error`` says why something was not available.
     """
 
     stdout: str
@@ -148,6 +148,15 @@ def _keep_paths(workdir: str, extra: tuple[str, ...]) -> list[str]:
     for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
         keep.add(os.path.realpath(prefix))
     return sorted(keep)
+
+
+def _traversable_by_others(path: str) -> bool:
+    """Whether a user other than the owner can reach and run ``path`` (every parent o+x)."""
+    path = os.path.realpath(path)
+    parts = [path] + [p for p in (os.path.dirname(path),) if p]
+    while parts[-1] != "/":
+        parts.append(os.path.dirname(parts[-1]))
+    return all(os.stat(p).st_mode & 0o001 for p in parts)
 
 
 def _read(path: str, limit: int) -> tuple[str, bool]:
@@ -193,6 +202,7 @@ def run_python(
             "hide": list(HIDDEN_ROOTS),
             "cwd": workdir,
             "drop_to": NOBODY,
+            "drop_ok": _traversable_by_others(sys.executable),
             "status_fd": write_fd,
             "env": env if env is not None else {
                 "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir,
@@ -239,7 +249,11 @@ def run_python(
             timed_out=timed_out,
             duration_s=duration,
             truncated=cut_out or cut_err,
-            isolation={"namespaces": bool(notes.get("isolated", False)), "drop_privileges": is_root},
+            isolation={
+                "namespaces": bool(notes.get("isolated", False)),
+                "proc": bool(notes.get("proc", False)),
+                "drop_privileges": is_root and (bool(notes.get("isolated")) or bool(cfg["drop_ok"])),
+            },
             isolation_error=str(notes.get("isolation_error", "")),
         )
     finally:

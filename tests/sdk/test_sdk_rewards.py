@@ -1,0 +1,142 @@
+"""Built-in rewards and the RewardRunner's failure handling (real worker processes)."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import pytest
+
+from areal_agents.registry import rewards
+from areal_agents.rewards import (
+    RewardRunner,
+    exact_match_reward,
+    extract_answer,
+    format_reward,
+    math_reward,
+)
+
+
+# Reward functions for the runner live at module level so worker processes can import them.
+def hang_reward(completion: str, **row) -> float:
+    while True:
+        time.sleep(0.01)
+
+
+def crash_reward(completion: str, **row) -> float:
+    os._exit(7)
+
+
+def nan_reward(completion: str, **row) -> float:
+    return math.nan
+
+
+def text_reward(completion: str, **row) -> float:
+    return "high"  # type: ignore[return-value]
+
+
+def raising_reward(completion: str, **row) -> float:
+    raise KeyError("missing gold")
+
+
+def length_reward(completion: str, **row) -> float:
+    return float(len(completion))
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("The answer is \\boxed{82}.", "82", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("so we get #### 1,234", "1234", 1.0),
+        ("Janet has 18 dollars left. #### 18", "#### 18", 1.0),
+        ("82", "82", 1.0),
+        ("first 3 then 41", "41", 1.0),
+        ("41", "42", 0.0),
+        ("no number here", "42", 0.0),
+        ("\\boxed{x+1}", "1+x", 1.0),
+        ("\\boxed{-7}", "-7", 1.0),
+    ],
+)
+def test_math_reward(completion: str, answer: str, expected: float) -> None:
+    assert math_reward(completion, answer=answer) == expected
+
+
+def test_extract_answer_and_other_builtins() -> None:
+    assert extract_answer("a \\boxed{\\frac{3}{4}} b") == "\\frac{3}{4}"
+    assert extract_answer("x #### 72") == "72"
+    assert extract_answer("nothing") is None
+    assert exact_match_reward(" yes\n", answer="yes") == 1.0 and exact_match_reward("no", answer="yes") == 0.0
+    assert format_reward("so \\boxed{3}") == 1.0 and format_reward("3") == 0.0
+    assert format_reward("<a>x</a>", pattern=r"<a>.*</a>") == 1.0
+    with pytest.raises(ValueError, match="'answer'"):
+        math_reward("1")
+
+
+def test_builtin_rewards_are_registered() -> None:
+    assert rewards.get("math") is math_reward
+    assert rewards.get("exact-match") is exact_match_reward
+    assert rewards.get("format") is format_reward
+
+
+def test_runner_computes_by_name_and_function() -> None:
+    with RewardRunner(timeout=20, max_workers=2) as runner:
+        assert runner.compute("math", "\\boxed{82}", {"answer": "82"}).value == 1.0
+        assert runner(length_reward, "abcd").value == 4.0
+        assert runner.stats["ok"] == 2
+
+
+def test_a_hanging_reward_costs_one_timeout_not_the_run() -> None:
+    with RewardRunner(timeout=1.0, max_workers=1) as runner:
+        runner(length_reward, "warm")  # start the worker
+        t0 = time.monotonic()
+        result = runner(hang_reward, "x")
+        took = time.monotonic() - t0
+        assert result.status == "timeout" and result.value == 0.0 and 0.9 < took < 5.0
+        # The hung worker was killed and replaced: the next call works at once.
+        after = runner(length_reward, "abc")
+        assert after.ok and after.value == 3.0
+        assert runner.stats == {"ok": 2, "reward_error": 0, "timeout": 1}
+
+
+def test_crash_nan_non_number_and_exception_are_counted_failures() -> None:
+    with RewardRunner(timeout=20, max_workers=2) as runner:
+        crashed = runner(crash_reward, "x")
+        assert crashed.status == "reward_error" and "exit code 7" in crashed.error
+        nan = runner(nan_reward, "x")
+        assert nan.status == "reward_error" and "not a finite number" in nan.error
+        text = runner(text_reward, "x")
+        assert text.status == "reward_error" and "str 'high', not a number" in text.error
+        raised = runner(raising_reward, "x")
+        assert raised.status == "reward_error" and "KeyError" in raised.error
+        unpicklable = runner(lambda c: 1.0, "x")
+        assert unpicklable.status == "reward_error" and "cannot send" in unpicklable.error
+        assert runner(length_reward, "ok").value == 2.0
+        assert runner.stats == {"ok": 1, "reward_error": 5, "timeout": 0}
+
+
+def test_runner_is_thread_safe_and_bounded() -> None:
+    with RewardRunner(timeout=20, max_workers=2) as runner:
+        results: list[float] = []
+        lock = threading.Lock()
+
+        def work(i: int) -> None:
+            value = runner.compute("math", f"\\boxed{{{i}}}", {"answer": str(i)}).value
+            with lock:
+                results.append(value)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [1.0] * 12 and len(runner._idle) <= 2
+
+
+def test_runner_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        RewardRunner(timeout=0)
+    with pytest.raises(ValueError, match="max_workers must be >= 1"):
+        RewardRunner(max_workers=0)
