@@ -1,0 +1,189 @@
+"""InferenceClient against real embedded servers (and a fault-injecting fake for bad replies)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from inference_support import make_models, start_servers
+
+from areal_agents.inference.client import InferenceClient, InferenceError, parse_generate_reply
+from areal_agents.inference.launcher import ServerGroup, free_port
+from areal_agents.inference.llm_client import ClientLLM
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def pair(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
+    with start_servers(models[0], 2, tmp_path_factory.mktemp("logs")) as group:
+        yield group
+
+
+def run(coro_fn: Callable[[InferenceClient], Any], client: InferenceClient) -> Any:
+    async def main() -> Any:
+        try:
+            return await coro_fn(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+SAMPLING = {"max_new_tokens": 4, "ignore_eos": True}
+
+
+def test_round_robin_sticky_and_least_loaded(pair: ServerGroup) -> None:
+    async def spread(client: InferenceClient) -> tuple[Counter, Counter]:
+        free = [await client.generate([1, 2, 3], SAMPLING) for _ in range(6)]
+        sticky = [await client.generate([1, 2, 3], SAMPLING, rid="episode-7") for _ in range(5)]
+        return Counter(g.info["server"] for g in free), Counter(g.info["server"] for g in sticky)
+
+    free, sticky = run(spread, InferenceClient(pair.addresses))
+    assert sorted(free.values()) == [3, 3]
+    assert len(sticky) == 1 and sum(sticky.values()) == 5
+
+    async def concurrent(client: InferenceClient) -> Counter:
+        gens = await asyncio.gather(*(client.generate([1, 2], {"max_new_tokens": 30, "ignore_eos": True})
+                                      for _ in range(16)))  # fmt: skip
+        assert all(len(g.output_ids) == 30 and len(g.logprobs) == 30 and g.versions == [0] * 30 for g in gens)
+        return Counter(g.info["server"] for g in gens)
+
+    loaded = run(concurrent, InferenceClient(pair.addresses, schedule="least_loaded"))
+    assert sorted(loaded.values()) == [8, 8]
+
+
+def test_client_llm_records_tokens(pair: ServerGroup, models: tuple[Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(models[0])
+
+    async def episode(client: InferenceClient) -> ClientLLM:
+        llm = ClientLLM(tok, client, rid="ep-1", default_sampling={"max_new_tokens": 5, "ignore_eos": True})
+        gen = await llm.generate([1, 5, 6])
+        assert len(gen.output_ids) == 5
+        await llm.generate(llm.input_ids + [7], max_new_tokens=3)
+        return llm
+
+    llm = run(episode, InferenceClient(pair.addresses))
+    assert len(llm.input_ids) == 3 + 5 + 1 + 3
+    assert llm.loss_mask == [0, 0, 0] + [1] * 5 + [0] + [1] * 3
+    assert llm.versions.count(0) == 8 and all(lp <= 0 for lp in llm.logprobs)
+
+
+@pytest.mark.timeout(180)
+def test_killed_server_requests_finish_on_the_other(models: tuple[Path, Path], tmp_path: Path) -> None:
+    group = start_servers(models[0], 2, tmp_path)
+    victim = group[1]
+
+    async def main(client: InferenceClient) -> list[Any]:
+        tasks = [asyncio.ensure_future(client.generate([3, 4, 5], {"max_new_tokens": 300, "ignore_eos": True},
+                                                       rid=f"ep-{i}")) for i in range(24)]  # fmt: skip
+        await asyncio.sleep(0.5)
+        assert not any(t.done() for t in tasks)
+        os.killpg(victim.process.pid, signal.SIGKILL)
+        return await asyncio.gather(*tasks)
+
+    try:
+        client = InferenceClient(group.addresses, retries=3, reprobe_after=60.0)
+        gens = run(main, client)
+    finally:
+        group.close()
+    assert len(gens) == 24 and all(len(g.output_ids) == 300 and g.finish_reason == "length" for g in gens)
+    assert all(g.info["server"] == group[0].url for g in gens)
+    assert client.stats["failovers"] >= 1 and victim.process.poll() is not None
+
+
+# ---- fault injection: a fake server (not a model) that answers with chosen bad replies ----
+@pytest.fixture
+def faulty() -> Iterator[tuple[str, list[Any], Counter]]:
+    replies: list[Any] = []  # (status, body-bytes) pairs consumed in order; the last one repeats
+    hits: Counter = Counter()
+
+    async def handler(request: web.Request) -> web.Response:
+        hits["generate"] += 1
+        status, body = replies[0] if len(replies) == 1 else replies.pop(0)
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/generate", handler)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{port}", replies, hits
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+GOOD = b'{"text": "ab", "output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length", "length": 2}, ' \
+       b'"weight_version": "4", "output_token_logprobs": [[-0.5, 5, null], [-0.25, 6, null]]}}'  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b"[]", b'{"output_ids": "x"}', b'{"output_ids": [1]}', b'{"output_ids": [1], "meta_info": {}}',
+     b'{"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"}}}',
+     b'{"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [["a"]]}}'],
+)  # fmt: skip
+def test_malformed_replies_raise_inference_error(faulty: tuple[str, list, Counter], body: bytes) -> None:
+    addr, replies, _ = faulty
+    replies.append((200, body))
+    with pytest.raises(InferenceError, match="reply"):
+        run(lambda c: c.generate([1], SAMPLING), InferenceClient([addr]))
+
+
+def test_4xx_fails_at_once_5xx_is_retried(faulty: tuple[str, list, Counter]) -> None:
+    addr, replies, hits = faulty
+    replies.append((400, b'{"error": {"message": "prompt too long"}}'))
+    with pytest.raises(InferenceError, match="prompt too long"):
+        run(lambda c: c.generate([1], SAMPLING), InferenceClient([addr], retries=3))
+    assert hits["generate"] == 1
+    replies.clear()
+    replies.extend([(503, b"{}"), (500, b"oops"), (200, GOOD)])
+    gen = run(lambda c: c.generate([1], SAMPLING), InferenceClient([addr], retries=3, backoff=0.01, reprobe_after=0.0))
+    assert gen.output_ids == [5, 6] and gen.logprobs == [-0.5, -0.25] and gen.versions == [4, 4]
+    assert hits["generate"] == 4
+
+
+def test_abort_replies_are_resumed_with_the_remaining_budget(faulty: tuple[str, list, Counter]) -> None:
+    addr, replies, hits = faulty
+    aborted = GOOD.replace(b'"type": "length", "length": 2', b'"type": "abort", "message": "update"')
+    replies.extend([(200, aborted), (200, GOOD.replace(b'"4"', b'"5"'))])
+    gen = run(lambda c: c.generate([1], {"max_new_tokens": 4}), InferenceClient([addr], abort_wait=0.0))
+    assert gen.output_ids == [5, 6, 5, 6] and gen.versions == [4, 4, 5, 5] and gen.finish_reason == "length"
+    assert gen.info["resumes"] == 1 and hits["generate"] == 2
+
+
+def test_no_server_reachable_raises_after_retries() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(InferenceError, match="attempts"):
+        run(lambda c: c.generate([1], SAMPLING), InferenceClient([dead], retries=2, backoff=0.01, reprobe_after=0.05))
+
+
+def test_parse_reply_uses_per_token_versions() -> None:
+    body = {"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "weight_version": "3",
+            "output_token_logprobs": [[-1.0, 1, None], [-2.0, 2, None]], "output_token_weight_versions": ["2", "3"]}}
+    ids, lps, versions, finish, _ = parse_generate_reply(body)
+    assert (ids, lps, versions, finish["type"]) == ([1, 2], [-1.0, -2.0], [2, 3], "stop")
+

@@ -1,0 +1,119 @@
+"""Launching servers (SGLang command line, version gate, process cleanup) and control payloads."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.config_loader import load_config
+from areal_agents.inference import control
+from areal_agents.inference.launcher import (
+    LaunchError,
+    check_sglang,
+    embedded_command,
+    free_port,
+    launch_servers,
+    sglang_command,
+)
+
+
+def test_sglang_command_from_config() -> None:
+    cfg = load_config(None, ["sglang.tp_size=2", "sglang.mem_fraction_static=0.7", "actor.dtype=bfloat16",
+                             "sglang.random_seed=5", "sglang.extra_args=[--enable-metrics]"])  # fmt: skip
+    cmd = sglang_command(cfg, "/models/qwen", 31000)
+    assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    args = dict(zip(cmd[3:-1:2], cmd[4:-1:2], strict=True))
+    assert args == {"--model-path": "/models/qwen", "--host": "127.0.0.1", "--port": "31000", "--tp-size": "2",
+                    "--dtype": "bfloat16", "--mem-fraction-static": "0.7", "--random-seed": "5"}  # fmt: skip
+    assert cmd[-1] == "--enable-metrics"
+    second = sglang_command(cfg, "/models/qwen", 31001, server_index=1)
+    assert second[second.index("--base-gpu-id") + 1] == "2" and second[second.index("--random-seed") + 1] == "6"
+    emb = embedded_command(cfg, "/m", 0)
+    assert emb[emb.index("--host") + 1] == "127.0.0.1" and emb[emb.index("--port") + 1] == "0"
+
+
+@pytest.mark.parametrize(("found", "ok"), [("0.4.9", False), ("0.4.9.post1", False), ("0.4.9.post2", True),
+                                           ("0.5.23", True)])  # fmt: skip
+def test_sglang_version_gate(monkeypatch: pytest.MonkeyPatch, found: str, ok: bool) -> None:
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: found if name == "sglang" else real(name))
+    if ok:
+        check_sglang()
+    else:
+        with pytest.raises(ConfigError, match=rf"0\.4\.9\.post2.*found {found}"):
+            check_sglang()
+
+
+def test_missing_sglang_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(ConfigError, match="pip install"):
+        load_config(None, ["inference.backend=sglang"])
+    cfg = ExperimentConfig()
+    cfg.inference.backend = "sglang"  # validated earlier; the launcher checks again before starting
+    with pytest.raises(ConfigError, match="pip install"):
+        launch_servers(cfg, "/nonexistent", 1)
+
+
+def test_failed_launch_raises_with_log_and_leaves_no_process(tmp_path: Path) -> None:
+    cfg = ExperimentConfig()
+    cfg.inference.setup_timeout = 60.0
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="config.json") as info:
+        launch_servers(cfg, tmp_path / "no-model", 2, log_dir=tmp_path)
+    assert time.monotonic() - started < 60
+    assert "exited with code" in str(info.value)
+    logs = sorted(tmp_path.glob("server-*.log"))
+    assert len(logs) == 2
+
+
+def test_control_payloads() -> None:
+    assert control.update_weights_from_disk_payload("/ckpt/v3", 3) == {
+        "model_path": "/ckpt/v3", "abort_all_requests": False, "flush_cache": True, "weight_version": "3"}  # fmt: skip
+    assert "weight_version" not in control.update_weights_from_disk_payload("/p")
+    assert control.init_weights_update_group_payload("10.0.0.1", 29500, 1, 3, group_name="g") == {
+        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
+        "group_name": "g", "backend": "nccl"}  # fmt: skip
+    with pytest.raises(ValueError, match="rank_offset"):
+        control.init_weights_update_group_payload("h", 1, 0, 2)
+    body = control.update_weights_from_distributed_payload(["a.w", "b.w"], ["torch.bfloat16", "float32"],
+                                                           [(2, 3), [4]], version=7)  # fmt: skip
+    assert body == {"names": ["a.w", "b.w"], "dtypes": ["bfloat16", "float32"], "shapes": [[2, 3], [4]],
+                    "group_name": "weight_update_group", "flush_cache": True, "weight_version": "7"}  # fmt: skip
+    with pytest.raises(ValueError, match="length"):
+        control.update_weights_from_distributed_payload(["a"], [], [])
+    with pytest.raises(ValueError, match="mode"):
+        control.pause_generation("127.0.0.1:1", "sideways")
+
+
+def test_wait_healthy_times_out_with_a_clear_error() -> None:
+    addr = f"127.0.0.1:{free_port()}"
+    with pytest.raises(control.ControlError, match="not healthy"):
+        control.wait_healthy(addr, timeout=0.5)
+    with pytest.raises(control.ControlError, match=addr):
+        control.continue_generation([addr], timeout=0.5)
+
+
+def test_close_kills_the_whole_process_group(tmp_path: Path) -> None:
+    from inference_support import make_models, start_servers
+
+    model, _ = make_models(tmp_path)
+    group = start_servers(model, 1, tmp_path)
+    handle = group[0]
+    control.wait_healthy(handle.address, timeout=5)
+    pgid = os.getpgid(handle.process.pid)
+    assert pgid == handle.process.pid  # its own group, so killpg reaches every child
+    group.close()
+    assert handle.process.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    with pytest.raises(control.ControlError):
+        control.wait_healthy(handle.address, timeout=0.3)
