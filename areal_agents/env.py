@@ -62,7 +62,7 @@ class Env(gymnasium.Env):
     run the sync methods in a worker thread; override them for natively async envs.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata = {"render_modes": []}
     default_dataset: ClassVar[str | None] = None
     default_dataset_kwargs: ClassVar[dict[str, Any]] = {}
     observation_space = TextSpace(allow_messages=True)

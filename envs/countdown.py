@@ -103,7 +103,7 @@ class CountdownEnv(Env):
     """
 
     default_dataset = "countdown"
-    default_dataset_kwargs: dict[str, Any] = {}
+    default_dataset_kwargs = {}
 
     def __init__(self, max_turns: int = 6) -> None:
         if max_turns < 1:

@@ -44,7 +44,7 @@ class GuessNumberEnv(Env):
     """
 
     default_dataset = "guess-number"
-    default_dataset_kwargs: dict[str, Any] = {}
+    default_dataset_kwargs = {}
 
     def __init__(self, max_turns: int = 7) -> None:
         if max_turns < 1:

@@ -17,7 +17,7 @@ class MathEnv(Env):
     """
 
     default_dataset = "arithmetic"
-    default_dataset_kwargs: dict[str, Any] = {}
+    default_dataset_kwargs = {}
 
     def __init__(self, reward: str = "math") -> None:
         self.reward = reward

@@ -23,7 +23,7 @@ class PythonToolEnv(Env):
     """
 
     default_dataset = "arithmetic"
-    default_dataset_kwargs: dict[str, Any] = {"ops": ["*"], "template": "{a}{op}{b}=?"}
+    default_dataset_kwargs = {"ops": ["*"], "template": "{a}{op}{b}=?"}
 
     def __init__(
         self,

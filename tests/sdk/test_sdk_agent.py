@@ -246,3 +246,30 @@ def test_hf_tokenizer_with_chat_template() -> None:
     assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
     s, e = traj.turn_spans[1]
     assert traj.input_ids[s:e] == tok.encode("47", add_special_tokens=False) + [tok.eos_token_id]
+
+
+def test_message_list_observations_are_appended_as_messages() -> None:
+    class MsgEnv(Env):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], {}
+
+        def step(self, action):
+            return [{"role": "user", "content": "bye"}], 0.5, False, False, {}
+
+    tok = CharTokenizer()
+    traj = play(MsgEnv(), ScriptedLLM(["a", "b"], tok), max_turns=2)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "a"}, {"role": "user", "content": "bye"},
+            {"role": "assistant", "content": "b"}]
+    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
+    assert traj.turn_rewards == [0.5, 0.5] and traj.info["end_reason"] == "max_turns"
+
+
+def test_reward_failure_reported_by_the_env_sets_the_status() -> None:
+    class FailingRewardEnv(EchoEnv):
+        def step(self, action):
+            return "", 0.0, True, False, {"success": False, "reward_status": "timeout", "reward_error": "slow"}
+
+    traj = play(FailingRewardEnv(), ScriptedLLM(["x"]), max_turns=2)
+    assert traj.status == "timeout" and traj.info["reward_error"] == "slow"

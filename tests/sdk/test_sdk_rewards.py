@@ -140,3 +140,14 @@ def test_runner_rejects_bad_settings() -> None:
         RewardRunner(timeout=0)
     with pytest.raises(ValueError, match="max_workers must be >= 1"):
         RewardRunner(max_workers=0)
+
+
+def test_acompute_from_asyncio() -> None:
+    import asyncio
+
+    async def main() -> list[float]:
+        with RewardRunner(timeout=20, max_workers=2) as runner:
+            results = await asyncio.gather(*[runner.acompute(length_reward, "x" * i) for i in range(6)])
+        return [r.value for r in results]
+
+    assert asyncio.run(main()) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
