@@ -7,7 +7,9 @@ section path so the user sees one line such as ``actor.lr: must be > 0 (got -1.0
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,8 @@ class ConfigError(ValueError):
 def f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse
     """A dataclass field with a default (copied when mutable) and a one-line help."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+        factory: Callable[[], Any] = lambda: copy.deepcopy(default)  # noqa: E731
+        return field(default_factory=factory, metadata={"help": help})
     return field(default=default, metadata={"help": help})
 
 

@@ -58,12 +58,12 @@ def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
     if not isinstance(node, DictConfig):
         return
     for key in node.keys():
-        full = f"{prefix}{key}"
+        full = f"{prefix}{key!s}"
         if full not in known:
             child = node._get_node(key)
             while isinstance(child, DictConfig) and len(child) > 0:  # name the full leaf key
                 first = next(iter(child.keys()))
-                full, child = f"{full}.{first}", child._get_node(first)
+                full, child = f"{full}.{first!s}", child._get_node(first)
             raise _unknown_key(full, known)
         if known[full]:  # free-form mapping such as env.kwargs
             continue
@@ -78,10 +78,16 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(item, "overrides must look like key=value")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as exc:
-        raise _omega_error(exc) from None
+    merged = OmegaConf.create()
+    for item in overrides:
+        key, value = item.split("=", 1)
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))  # type: ignore[assignment]
+        except OmegaConfBaseException as exc:
+            raise _omega_error(exc, key) from None
+        except Exception as exc:  # the value's YAML does not parse
+            raise ConfigError(key, f"cannot parse value {value!r}: {str(exc).splitlines()[0]}") from None
+    return merged
 
 
 def _materialise(node: DictConfig, prefix: str) -> Any:
@@ -89,7 +95,7 @@ def _materialise(node: DictConfig, prefix: str) -> Any:
     for key in node.keys():
         child = node._get_node(key)
         if isinstance(child, DictConfig) and OmegaConf.get_type(child) not in (dict, None):
-            _materialise(child, f"{prefix}{key}.")
+            _materialise(child, f"{prefix}{key!s}.")
     try:
         return OmegaConf.to_object(node)
     except ConfigError as exc:
@@ -136,7 +142,7 @@ def load_config(
         if not os.path.isfile(config_file):
             raise ConfigError("--config", f"file not found: {config_file}")
         try:
-            loaded = OmegaConf.load(config_file)
+            loaded = OmegaConf.load(os.fspath(config_file))
         except Exception as exc:  # yaml.YAMLError and friends
             raise ConfigError("--config", f"cannot parse {config_file}: {str(exc).splitlines()[0]}") from None
         if not isinstance(loaded, DictConfig):
