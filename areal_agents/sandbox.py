@@ -9,8 +9,9 @@
   ``/opt``, ``/run`` and ``/media`` behind empty tmpfs mounts, bind-mounting back only the
   Python installation, ``/etc/ld.so.cache`` and its own temp dir (``/usr``, ``/lib`` etc.
   stay readable, as system files any user may read);
-* when started as root, drops to ``nobody`` (uid 65534) so ``RLIMIT_NPROC`` counts only
-  sandboxed processes and no root-owned file is readable by ownership;
+* when started as root, drops to an unused uid of its own (one per run, from
+  :data:`SANDBOX_UID_BASE`), so ``RLIMIT_NPROC`` counts only that run's processes (a fork
+  bomb cannot starve concurrent sandboxes) and no host file is readable by ownership;
 * sets ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``
   (files and output), ``RLIMIT_NOFILE`` and no core dumps;
 * runs in a fresh temp dir (deleted afterwards) with a minimal environment.
@@ -22,6 +23,7 @@ If namespaces are unavailable the code still runs with the resource limits, and
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -36,7 +38,13 @@ from dataclasses import dataclass, field
 __all__ = ["HIDDEN_ROOTS", "SandboxResult", "run_python"]
 
 HIDDEN_ROOTS = ("/etc", "/home", "/root", "/tmp", "/var", "/work", "/srv", "/mnt", "/opt", "/run", "/media")
-NOBODY = 65534
+SANDBOX_UID_BASE = 1_500_000_000
+_runs = itertools.count()
+
+
+def _sandbox_uid() -> int:
+    """A uid no account uses, distinct for every run of this process (and across processes)."""
+    return SANDBOX_UID_BASE + (os.getpid() * 65_536 + next(_runs)) % 500_000_000
 
 # Runs as the child's first code (python -I -S -c); argv[1] is a JSON config.
 _BOOT = r"""
@@ -125,7 +133,7 @@ class SandboxResult:
     (e.g. 137 = SIGKILL, 152 = SIGXCPU after the CPU limit, 153 = SIGXFSZ after the file
     size limit). ``timed_out`` is true when the wall-clock limit killed it.
     ``isolation`` lists what was in force (``namespaces``: network, PID and file hiding;
-    ``proc``: a private ``/proc``; ``drop_privileges``: root ran it as ``nobody``);
+    ``proc``: a private ``/proc``; ``drop_privileges``: root ran it under a fresh uid);
     ``isolation_error`` says why something was not available.
     """
 
@@ -189,19 +197,20 @@ def run_python(
     workdir = tempfile.mkdtemp(prefix="areal-sandbox-")
     io_dir = tempfile.mkdtemp(prefix="areal-sandbox-io-")
     is_root = os.getuid() == 0
+    run_uid = _sandbox_uid()
     try:
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
             fh.write(code)
         if is_root:
-            os.chown(workdir, NOBODY, NOBODY)
-            os.chown(os.path.join(workdir, "main.py"), NOBODY, NOBODY)
+            os.chown(workdir, run_uid, run_uid)
+            os.chown(os.path.join(workdir, "main.py"), run_uid, run_uid)
         read_fd, write_fd = os.pipe()
         cfg = {
             "isolate": isolate,
             "keep": _keep_paths(workdir, keep_paths),
             "hide": list(HIDDEN_ROOTS),
             "cwd": workdir,
-            "drop_to": NOBODY,
+            "drop_to": run_uid,
             "drop_ok": _traversable_by_others(sys.executable),
             "status_fd": write_fd,
             "env": env if env is not None else {

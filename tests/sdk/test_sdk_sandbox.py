@@ -99,3 +99,22 @@ def test_without_namespaces_the_result_says_so() -> None:
     r = run_python("import os\nprint(os.path.exists('/etc/passwd'))", isolate=False)
     assert r.ok and r.isolation["namespaces"] is False and r.isolation["proc"] is False
     assert r.stdout.strip() == "True"  # nothing hidden, and the result reports it
+
+
+def test_a_fork_bomb_does_not_starve_a_concurrent_sandbox() -> None:
+    import threading
+
+    results = {}
+
+    def bomb() -> None:
+        results["bomb"] = run_python("import os, time\nwhile True:\n    try:\n        os.fork()\n"
+                                     "    except OSError:\n        time.sleep(0.01)", timeout_s=4, max_procs=16)
+
+    thread = threading.Thread(target=bomb)
+    thread.start()
+    time.sleep(1.0)  # the bomb is at its process limit now
+    r = run_python("import subprocess\nprint(subprocess.run(['/bin/echo', 'fine'], capture_output=True).stdout)",
+                   max_procs=16)
+    thread.join()
+    assert r.ok and "fine" in r.stdout, r.stderr
+    assert results["bomb"].timed_out
