@@ -9,6 +9,8 @@ model's reply text. The info of the step that ends an episode carries ``"success
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -117,9 +119,11 @@ class Env(gymnasium.Env):
         if cache is None:
             from areal_agents.registry import datasets
 
+            factory = datasets.get(name)
             kwargs = dict(type(self).default_dataset_kwargs)
-            kwargs.setdefault("size", 256)
-            cache = datasets.get(name)("train", **kwargs)
+            if "size" in inspect.signature(factory).parameters:
+                kwargs.setdefault("size", 256)
+            cache = factory("train", **kwargs)
             type(self)._sample_rows = cache  # type: ignore[attr-defined]
         return dict(cache[int(self.np_random.integers(len(cache)))])
 
@@ -239,10 +243,12 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
 
     try:
         asyncio.get_running_loop()
-        running = True
     except RuntimeError:
-        running = False
-    if not running and asyncio.run(_async_trace()) != first:
+        async_trace = asyncio.run(_async_trace())
+    else:  # called from a coroutine: check the async methods on a loop of their own
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            async_trace = pool.submit(asyncio.run, _async_trace()).result()
+    if async_trace != first:
         _fail(env, "areset/astep give different results from reset/step for the same seed and actions")
     row = getattr(env, "row", None)
     if isinstance(row, dict):

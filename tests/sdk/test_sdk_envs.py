@@ -153,3 +153,16 @@ def test_check_env_catches_nondeterminism_and_non_envs() -> None:
     with pytest.raises(EnvCheckError, match="must subclass areal_agents.Env"):
         check_env(object())
     check_env(_Base())
+
+
+def test_check_env_from_inside_a_coroutine_still_checks_async_methods() -> None:
+    class AsyncDiffers(_Base):
+        async def astep(self, action):
+            return "different", 1.0, True, False, {"success": True}
+
+    async def main() -> None:
+        check_env(_Base())
+        with pytest.raises(EnvCheckError, match="areset/astep give different results"):
+            check_env(AsyncDiffers())
+
+    asyncio.run(main())
