@@ -14,6 +14,7 @@ import asyncio
 import logging
 import math
 import multiprocessing
+import numbers
 import pickle
 import re
 import threading
@@ -141,20 +142,13 @@ class RewardResult:
 
 
 def _check_value(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            import numbers
-
-            if isinstance(value, numbers.Real) and not isinstance(value, bool):
-                value = float(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"reward returned {type(value).__name__} {value!r}, not a number") from None
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"reward returned {value}, not a finite number")
-    return value
+    """``value`` as a finite float; numbers of any kind (numpy too) but not bools or strings."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"reward returned {type(value).__name__} {value!r:.60}, not a number")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"reward returned {result}, not a finite number")
+    return result
 
 
 def _worker_main(conn: Any) -> None:

@@ -45,6 +45,12 @@ def length_reward(completion: str, **row) -> float:
     return float(len(completion))
 
 
+def numpy_reward(completion: str, **row) -> float:
+    import numpy as np
+
+    return np.float32(0.5)  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize(
     ("completion", "answer", "expected"),
     [
@@ -85,7 +91,8 @@ def test_runner_computes_by_name_and_function() -> None:
     with RewardRunner(timeout=20, max_workers=2) as runner:
         assert runner.compute("math", "\\boxed{82}", {"answer": "82"}).value == 1.0
         assert runner(length_reward, "abcd").value == 4.0
-        assert runner.stats["ok"] == 2
+        assert runner(numpy_reward, "x").value == 0.5
+        assert runner.stats["ok"] == 3
 
 
 def test_a_hanging_reward_costs_one_timeout_not_the_run() -> None:
