@@ -48,7 +48,16 @@ class Generation:
 
 
 class LLM(ABC):
-    """Per-episode, token-recording language model handle (see the module docstring)."""
+    """Per-episode, token-recording language model handle (see the module docstring).
+
+    Public API: ``await chat(messages, **sampling) -> str``, ``await generate(input_ids,
+    **sampling) -> Generation``, ``to_trajectory(**fields) -> Trajectory``, ``reset()``, and
+    the recorded ``input_ids`` / ``loss_mask`` / ``logprobs`` / ``versions`` / ``turn_spans``
+    / ``finish_reasons`` / ``messages`` / ``last_generation``. Non-generated tokens have loss
+    mask 0, logprob 0.0 and version -1. After a generated chat turn the template's
+    end-of-turn text is appended as context (see :meth:`_close_turn`). Subclasses implement
+    only :meth:`_generate`.
+    """
 
     tokenizer: Tokenizer
 
@@ -72,7 +81,6 @@ class LLM(ABC):
         self._spans: list[tuple[int, int]] = []
         self._finish_reasons: list[str] = []
         self._messages: list[dict[str, Any]] = []
-        self._prompt_len: int | None = None
         self.last_generation: Generation | None = None
 
     # -- recorded state ---------------------------------------------------------------------
@@ -161,8 +169,6 @@ class LLM(ABC):
                 f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
                 "(extend the sequence, or call llm.reset() to start a new episode)"
             )
-        if self._prompt_len is None:
-            self._prompt_len = len(ids)
         self._append(ids[n:], generated=False)
         return await self._record_generation(sampling)
 
@@ -227,7 +233,6 @@ class LLM(ABC):
                 raise ValueError("llm.chat: messages is empty")
             prompt = self._render(messages, True)
             ids = self._encode(prompt)
-            self._prompt_len = len(self._ids) + len(ids)
             self._append(ids, generated=False)
         else:
             if len(messages) <= n or any(
