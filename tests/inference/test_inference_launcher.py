@@ -117,3 +117,42 @@ def test_close_kills_the_whole_process_group(tmp_path: Path) -> None:
         os.killpg(pgid, 0)
     with pytest.raises(control.ControlError):
         control.wait_healthy(handle.address, timeout=0.3)
+
+
+def test_client_side_modules_do_not_import_torch() -> None:
+    import subprocess
+
+    code = ("import sys, areal_agents.inference.client, areal_agents.inference.llm_client, "
+            "areal_agents.inference.control, areal_agents.inference.launcher; "
+            "assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_serve_command_line(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from inference_support import corpus
+
+    from areal_agents.inference.tiny_model import build_tiny_model
+
+    no_model = subprocess.run([sys.executable, "-m", "areal_agents.cli", "serve", "--model", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert no_model.returncode == 2 and "config.json" in no_model.stderr
+    model = build_tiny_model(corpus(50), tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    proc = subprocess.Popen([sys.executable, "-m", "areal_agents.cli", "serve", "--model", str(model), "--port", "0",
+                             "--weight-version", "5"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("serving on http://127.0.0.1:"), line
+        addr = line.strip().removeprefix("serving on http://")
+        control.wait_healthy(addr, timeout=30)
+        assert control.model_info(addr)["weight_version"] == "5"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
