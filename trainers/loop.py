@@ -20,14 +20,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from areal_agents.data import load_dataset_rows
-from areal_agents.inference.client import InferenceClient
-from areal_agents.rollout import RolloutExecutor, write_rollouts
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.config_loader import to_yaml
+from areal_agents.data import load_dataset_rows
 from areal_agents.episodes import build_episode_fn, evaluate, sampling_params
+from areal_agents.inference.client import InferenceClient
 from areal_agents.registry import algorithms
+from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rollout import RolloutExecutor, write_rollouts
 from trainers.batching import collate, load_trajectories
 from trainers.checkpoint import Checkpointer
 from trainers.engine import TrainEngine
@@ -95,6 +96,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     spec = algorithms.get(cfg.algorithm.name)
+    set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))
     logger = MetricsLogger(run_dir, cfg.logging, config={"experiment": cfg.experiment_name})
 
     if cfg.mode == "train":  # trainer-only debug mode: learn from a rollout JSONL, no servers
