@@ -107,11 +107,10 @@ def _spawn_entry(rank: int, fn: Callable[..., Any], world: int, port: int, args:
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
-    try:
-        fn(rank, world, *args)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    fn(rank, world, *args)
+    if dist.is_initialized():
+        dist.barrier()  # no rank tears down its group while another still talks to it
+        dist.destroy_process_group()
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> None:

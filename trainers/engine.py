@@ -2,7 +2,7 @@
 
 A :class:`TrainEngine` holds the policy (``actor``), a frozen reference copy when
 ``algorithm.kl_ctl > 0``, and a critic (value head on the same architecture) for algorithms
-that need one. Every rank holds the same full batch (the RL loop gives every rank the same
+that need one (its body initialised from the policy). Every rank holds the same full batch (the RL loop gives every rank the same
 trajectories). :meth:`TrainEngine.compute_logprobs` splits the rows over ranks, runs
 length-sorted micro-batches and all-reduces, so every rank ends with the full ``[B, T]``
 tensor. :meth:`TrainEngine.train_batch` accumulates gradients over this rank's micro-batches
@@ -16,38 +16,24 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from algorithms.losses import LossNorm
 from areal_agents.config import ExperimentConfig
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
 
-__all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "lr_lambda", "make_loss_norm", "token_logprobs"]
+__all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class _Norm(NamedTuple):
-    tokens: float
-    seqs: float
-    max_len: float
-
-
-def make_loss_norm(tokens: float, seqs: float, max_len: float) -> Any:
-    """``algorithms.losses.LossNorm(tokens, seqs, max_len)`` (an equivalent named tuple if the
-    algorithms package does not define it)."""
-    try:
-        from algorithms.losses import LossNorm  # type: ignore[import-not-found]
-    except ImportError:
-        return _Norm(tokens, seqs, max_len)
-    return LossNorm(tokens, seqs, max_len)
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -77,24 +63,43 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return logp, ent
 
 
+class ValueModel(nn.Module):
+    """A critic: the transformer body of a causal LM and a linear value head (one output per token)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.body = lm.get_submodule(lm.base_model_prefix)
+        self.config = lm.config
+        hidden = int(lm.config.hidden_size)
+        self.value_weight = nn.Parameter(torch.randn(hidden) * (1.0 / hidden**0.5) * 0.1)
+        self.value_bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                use_cache: bool = False) -> torch.Tensor:
+        """``input_ids`` [B,T] → per-position values [B,T] (position ``t`` sees tokens ``<= t``)."""
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache).last_hidden_state
+        return (hidden * self.value_weight.to(hidden.dtype)).sum(-1) + self.value_bias.to(hidden.dtype)
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.body.gradient_checkpointing_enable(**kwargs)
+
+
 class ShardedModel:
     """One HF model sharded per decoder layer plus the root, with its optimiser and schedule.
 
-    ``kind``: ``lm`` (causal LM) or ``value`` (token classification, one label). ``lr=None``
+    ``kind``: ``lm`` (causal LM) or ``value`` (:class:`ValueModel`). ``lr=None``
     freezes the model (no optimiser).
     """
 
     def __init__(self, cfg: ExperimentConfig, path: Path, mesh: Any, device: torch.device, *, kind: str,
                  lr: float | None, total_steps: int) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+        from transformers import AutoModelForCausalLM
 
-        torch.manual_seed(cfg.seed)  # a fresh value head is identical on every rank
-        if kind == "value":
-            hf_cfg = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
-            model = AutoModelForTokenClassification.from_pretrained(path, config=hf_cfg, dtype=torch.float32)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.kind, self.config = kind, model.config
+        with torch.random.fork_rng(devices=[]):  # a fresh value head is identical on every rank
+            torch.manual_seed(cfg.seed)
+            lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            model = ValueModel(lm) if kind == "value" else lm
+        self.kind, self.config = kind, lm.config
         model.to(device)
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
@@ -121,12 +126,14 @@ class ShardedModel:
 
     def forward(self, mb: Batch, device: torch.device, temperature: float,
                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``."""
-        out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=mb["attention_mask"].to(device),
-                         use_cache=False).logits
+        """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``, 0 on padding."""
+        attn = mb["attention_mask"].to(device)
+        out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
         if self.kind == "value":  # values[:, t] = value of the state before token t
-            return torch.nn.functional.pad(out[:, :-1, 0].float(), (1, 0)), None
-        return token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
+            return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
+        out = out.logits
+        logp, ent = token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
+        return logp * attn, (ent * attn if ent is not None else None)
 
     def clip_and_step(self, max_norm: float) -> float:
         """Clip gradients (``max_norm`` 0 = off), step unless the norm is not finite; return the norm."""
@@ -244,13 +251,13 @@ class TrainEngine:
         return self._gather_forward(self.critic, data, 1.0)
 
     # -- training -----------------------------------------------------------------------------
-    def loss_norm(self, batch: Batch, rows: Sequence[int]) -> Any:
-        """Global denominators over all ranks: loss tokens, sequences, longest response."""
+    def loss_norm(self, batch: Batch, rows: Sequence[int]) -> LossNorm:
+        """Global denominators over all ranks: loss tokens, sequences with a loss token, and the
+        response-length cap (``algorithm.max_response_tokens``, else ``agent.max_tokens``)."""
         mask = batch["loss_mask"][torch.tensor(list(rows), dtype=torch.long)] if rows else torch.zeros(0, 1).bool()
-        counts = self._all_reduce(torch.tensor([float(mask.sum()), float(mask.shape[0])]))
-        longest = float(mask.sum(1).max()) if rows else 0.0
-        max_len = self._all_reduce(torch.tensor([longest]), dist.ReduceOp.MAX)
-        return make_loss_norm(float(counts[0]), float(counts[1]), float(max_len[0]))
+        counts = self._all_reduce(torch.tensor([float(mask.sum()), float((mask.sum(1) > 0).sum())]))
+        cap = self.cfg.algorithm.max_response_tokens or self.cfg.agent.max_tokens
+        return LossNorm(tokens=float(counts[0]), seqs=float(counts[1]), max_len=float(cap))
 
     def train_batch(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor], loss_fn: LossFn, *,
                     temperature: float | None = None, n_minibatches: int | None = None) -> dict[str, float]:
@@ -261,7 +268,7 @@ class TrainEngine:
         is one. Rows are split into ``n_minibatches`` (default ``algorithm.ppo_n_minibatches``)
         strided minibatches. Returns metrics averaged over minibatches: ``loss`` (full-batch),
         ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``n_mbs``, ``pad_ratio`` and the loss
-        function's metrics (token-weighted means).
+        function's metrics summed over micro-batches and ranks (they are globally normalised).
         """
         batch = self.to_batch(data)
         n = n_minibatches or self.cfg.algorithm.ppo_n_minibatches
@@ -294,9 +301,8 @@ class TrainEngine:
             loss, metrics = loss_fn(logp, mb_dev, self.cfg.algorithm, norm, entropy=ent, values=values)
             (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
             total_loss += float(loss.detach())
-            n_tok = float(mb["loss_mask"].sum())
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * n_tok
+                sums[k] = sums.get(k, 0.0) + float(v.detach() if isinstance(v, torch.Tensor) else v)
             real += int(mb["attention_mask"].sum())
             padded += int(mb["input_ids"].numel())
         lr = self.actor.scheduler.get_last_lr()[0] if self.actor.scheduler else 0.0
@@ -311,7 +317,7 @@ class TrainEngine:
                "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])),
                "skipped_step": float(not math.isfinite(grad_norm)), **extra}
         for i, k in enumerate(keys):
-            out[k] = float(red[3 + i]) / max(norm.tokens, 1.0)
+            out[k] = float(red[3 + i])
         return out
 
     # -- export -------------------------------------------------------------------------------

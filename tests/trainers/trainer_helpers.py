@@ -14,7 +14,7 @@ import torch
 from areal_agents.config import ActorConfig, ExperimentConfig, TrainerConfig
 from areal_agents.types import Trajectory
 
-__all__ = ["VOCAB", "make_cfg", "make_trajs", "nll_loss_fn", "tiny_qwen"]
+__all__ = ["VOCAB", "make_cfg", "make_trajs", "nll_loss_fn", "step_batch", "tiny_qwen", "train_worker"]
 
 VOCAB = 64
 
@@ -55,10 +55,10 @@ def make_trajs(n: int, seed: int = 0, min_len: int = 6, max_len: int = 40) -> li
     return out
 
 
-def make_cfg(**actor: Any) -> ExperimentConfig:
-    """Float32 CPU config with a constant LR (actor fields overridable)."""
+def make_cfg(nproc: int = 1, **actor: Any) -> ExperimentConfig:
+    """Float32 CPU config with a constant LR for ``nproc`` ranks (actor fields overridable)."""
     a = {"lr": 1e-2, "max_tokens_per_mb": 10_000, "max_grad_norm": 1.0, **actor}
-    return ExperimentConfig(actor=ActorConfig(**a), trainer=TrainerConfig(total_steps=100))
+    return ExperimentConfig(actor=ActorConfig(**a), trainer=TrainerConfig(total_steps=100, nproc=nproc))
 
 
 def nll_loss_fn(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
@@ -67,7 +67,61 @@ def nll_loss_fn(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm:
     """Return-weighted token-mean NLL over the whole batch: ``-Σ G_t logp_t / norm.tokens``."""
     mask = mb["loss_mask"].float()
     loss = -(logp * mb["turn_returns"] * mask).sum() / norm.tokens
-    metrics = {"logp_mean": float((logp.detach() * mask).sum() / mask.sum().clamp(min=1))}
+    metrics = {"logp_mean": float((logp.detach() * mask).sum()) / norm.tokens}  # sums to the batch mean
     if entropy is not None:
-        metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        metrics["entropy"] = float((entropy.detach() * mask).sum()) / norm.tokens
     return loss, metrics
+
+def step_batch(step: int) -> list[Trajectory]:
+    """The batch of training step ``step``; rewards draw from the global torch RNG, so a
+    resumed run matches only if the RNG state was restored too."""
+    trajs = make_trajs(8, seed=100 + step)
+    noise = torch.rand(len(trajs)).tolist()
+    for t, z in zip(trajs, noise, strict=True):
+        t.turn_returns = [r * (0.5 + z) for r in t.turn_returns]
+    return trajs
+
+
+def train_worker(rank: int, world: int, model_path: str, out_file: str, steps: int, actor: dict[str, Any]) -> None:
+    """Spawned rank: ``steps`` training steps on :func:`step_batch`; rank 0 saves the losses,
+    logprobs of the last batch and the full final state dict to ``out_file``."""
+    from trainers.engine import TrainEngine
+
+    engine = TrainEngine(make_cfg(nproc=world, **actor), model_path)
+    torch.manual_seed(0)
+    losses = [engine.train_batch(step_batch(s), nll_loss_fn)["loss"] for s in range(steps)]
+    logp = engine.compute_logprobs(step_batch(steps))
+    state = engine.full_state_dict()
+    if rank == 0:
+        torch.save({"losses": losses, "logp": logp, "state": state}, out_file)
+
+
+def _main() -> None:
+    """``python trainer_helpers.py MODEL CKPT_DIR LOSSES STEPS SLEEP``: train with a checkpoint
+    every 2 steps and recover=auto, appending ``step loss`` lines to LOSSES (fsynced)."""
+    import os
+    import sys
+    import time
+
+    from trainers.checkpoint import Checkpointer
+    from trainers.engine import TrainEngine
+
+    model, ckpt_dir, losses_file, steps, pause = sys.argv[1:6]
+    torch.manual_seed(0)
+    engine = TrainEngine(make_cfg(), model)
+    ckpt = Checkpointer(ckpt_dir, keep=2)
+    state = ckpt.load_latest(engine)
+    start = state["step"] if state else 0
+    with open(losses_file, "a") as fh:
+        for s in range(start, int(steps)):
+            loss = engine.train_batch(step_batch(s), nll_loss_fn)["loss"]
+            fh.write(f"{s} {loss!r}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+            if (s + 1) % 2 == 0:
+                ckpt.save(engine, step=s + 1, version=s + 1, rollout={"next_row": s + 1})
+            time.sleep(float(pause))
+
+
+if __name__ == "__main__":
+    _main()

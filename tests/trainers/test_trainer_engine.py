@@ -1,0 +1,137 @@
+"""FSDP2 engine: micro-batch/rank invariance, logprob alignment, HF export round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import make_cfg, make_trajs, nll_loss_fn, step_batch, tiny_qwen, train_worker
+
+from trainers.dist import spawn
+from trainers.engine import TrainEngine, lr_lambda, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_qwen(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _params(engine: TrainEngine) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in engine.full_state_dict().items()}
+
+
+def test_logprobs_match_plain_forward(model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    trajs = make_trajs(6, seed=3)
+    engine = TrainEngine(make_cfg(max_tokens_per_mb=64), model_dir)
+    got = engine.compute_logprobs(trajs, temperature=0.7)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        ids = torch.tensor([t.input_ids])
+        logits = ref_model(input_ids=ids).logits[0]
+        want = torch.log_softmax(logits[:-1] / 0.7, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        assert got[i, 0] == 0
+        torch.testing.assert_close(got[i, 1 : len(t.input_ids)], want, atol=1e-5, rtol=1e-5)
+        assert torch.all(got[i, len(t.input_ids) :] == 0)
+
+
+def test_micro_batches_do_not_change_the_loss(model_dir: Path) -> None:
+    trajs = make_trajs(12, seed=1)
+    one = TrainEngine(make_cfg(max_tokens_per_mb=100_000), model_dir)
+    many = TrainEngine(make_cfg(max_tokens_per_mb=60), model_dir)
+    for _ in range(3):
+        a = one.train_batch(trajs, nll_loss_fn)
+        b = many.train_batch(trajs, nll_loss_fn)
+        assert a["n_mbs"] == 1 and b["n_mbs"] >= 4
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    pa, pb = _params(one), _params(many)
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], atol=1e-5, rtol=1e-4)
+    assert a["loss"] < one.train_batch(trajs, nll_loss_fn)["loss"] + 1.0  # it trains without diverging
+
+
+@pytest.mark.parametrize("hsdp", [1, 2], ids=["fsdp", "hsdp"])
+def test_two_ranks_equal_one_process(model_dir: Path, tmp_path: Path, hsdp: int) -> None:
+    # A tiny token budget gives the ranks different numbers of micro-batches (empty ones are padded).
+    actor = {"max_tokens_per_mb": 70, "hsdp_replicate": hsdp}
+    out = tmp_path / "two.pt"
+    spawn(train_worker, 2, str(model_dir), str(out), 3, actor)
+    two = torch.load(out)
+    single = TrainEngine(make_cfg(max_tokens_per_mb=70), model_dir)
+    torch.manual_seed(0)
+    losses = [single.train_batch(step_batch(s), nll_loss_fn)["loss"] for s in range(3)]
+    assert two["losses"] == pytest.approx(losses, rel=1e-5)
+    torch.testing.assert_close(two["logp"], single.compute_logprobs(step_batch(3)), atol=1e-5, rtol=1e-5)
+    mine = single.full_state_dict()
+    assert set(two["state"]) == set(mine)
+    for k, v in mine.items():
+        torch.testing.assert_close(two["state"][k], v, atol=1e-4, rtol=1e-4)  # Adam steps are ~lr=1e-2
+
+
+def test_export_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    engine = TrainEngine(make_cfg(), model_dir)
+    trajs = make_trajs(8, seed=5)
+    engine.train_batch(trajs, nll_loss_fn)
+    out = engine.export_hf(tmp_path / "export")
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert not any(p.name.startswith(".export") for p in tmp_path.iterdir())  # no temp dir left behind
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    batch = engine.to_batch(trajs)
+    want = engine.compute_logprobs(batch, temperature=1.0)
+    logits = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    got = token_logprobs(logits, batch["input_ids"])[0] * batch["attention_mask"]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_reference_model_stays_frozen_and_critic_trains(model_dir: Path) -> None:
+    cfg = make_cfg()
+    cfg.algorithm.kl_ctl = 0.1
+    engine = TrainEngine(cfg, model_dir, critic=True)
+    trajs = make_trajs(6, seed=9)
+    ref0 = engine.compute_ref_logprobs(trajs)
+    v0 = engine.compute_values(trajs)
+
+    def loss_with_value(logp, mb, cfg, norm, *, entropy=None, values=None):
+        pg, metrics = nll_loss_fn(logp, mb, cfg, norm)
+        mask = mb["loss_mask"].float()
+        vloss = (((values - mb["turn_returns"]) ** 2) * mask).sum() / norm.tokens
+        return pg + vloss, {**metrics, "vloss": float(vloss.detach())}
+
+    m = [engine.train_batch(trajs, loss_with_value) for _ in range(3)]
+    torch.testing.assert_close(engine.compute_ref_logprobs(trajs), ref0)
+    assert not torch.allclose(engine.compute_logprobs(trajs), ref0)
+    assert not torch.allclose(engine.compute_values(trajs), v0)
+    assert m[-1]["vloss"] < m[0]["vloss"] and m[0]["critic/grad_norm"] > 0
+
+
+def test_lr_schedule() -> None:
+    assert [lr_lambda(s, 2, 10, "constant", 0.1) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
+    assert lr_lambda(2, 2, 10, "cosine", 0.1) == pytest.approx(1.0)
+    assert lr_lambda(10, 2, 10, "cosine", 0.1) == pytest.approx(0.1)
+    assert 0.1 < lr_lambda(6, 2, 10, "cosine", 0.1) < 1.0
+
+
+def test_grpo_step_is_invariant_to_micro_batches(model_dir: Path) -> None:
+    from algorithms.specs import get_algorithm
+
+    spec = get_algorithm("grpo")
+    engines = [TrainEngine(make_cfg(max_tokens_per_mb=b), model_dir) for b in (100_000, 50)]
+    trajs = make_trajs(16, seed=11)
+    results = []
+    for engine in engines:
+        batch = engine.to_batch(trajs)
+        batch["prox_logp"] = engine.compute_logprobs(batch, 1.0)
+        batch["advantages"] = spec.advantage_fn()(batch, engine.cfg.algorithm)
+        results.append([engine.train_batch(batch, spec.loss_fn(), temperature=1.0) for _ in range(2)][-1])
+    one, many = results
+    assert many["n_mbs"] > 4 * one["n_mbs"]
+    assert one["loss"] == pytest.approx(many["loss"], rel=1e-5, abs=1e-7)
+    assert one["train/loss"] == pytest.approx(one["loss"], rel=1e-6, abs=1e-9)
+    for k in ("train/clip_frac", "train/imp_weight_mean", "train/entropy"):
+        assert one[k] == pytest.approx(many[k], rel=1e-5, abs=1e-7)
+    assert one["grad_norm"] == pytest.approx(many["grad_norm"], rel=1e-4) and one["grad_norm"] > 0

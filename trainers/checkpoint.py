@@ -1,0 +1,215 @@
+"""Checkpoints a killed run can resume from: sharded model + optimiser (torch.distributed.checkpoint),
+LR schedules, RNG states of every rank, the rollout/dataloader position, weight version and step.
+
+Layout under ``root``::
+
+    step_00000010/model/      DCP shards of every trainable model and its optimiser (any world size)
+    step_00000010/state.pt    step, version, schedulers, rollout state, user extras
+    step_00000010/rng_rank<r>.pt
+    step_00000010/meta.json   written last: {"step", "version", "complete": true}
+    latest                    name of the newest complete checkpoint (atomic rename)
+
+A checkpoint is written into ``.tmp-step_...`` and renamed only after every file is fsynced,
+so a crash mid-save leaves a directory :func:`find_latest` never picks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainers import dist as tdist
+
+if TYPE_CHECKING:
+    from trainers.engine import TrainEngine
+
+__all__ = ["Checkpointer", "find_latest", "rng_state", "set_rng_state"]
+
+_PREFIX = "step_"
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch (and CUDA) generator states of this process."""
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _complete(path: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("complete") is True else None
+
+
+def find_latest(root: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint under ``root``; half-written (``.tmp-*``) or meta-less
+    directories are ignored (the ``latest`` file is a pointer for people and tools)."""
+    done = [(meta["step"], p) for p in Path(root).glob(f"{_PREFIX}*") if (meta := _complete(p)) is not None]
+    return max(done)[1] if done else None
+
+
+def _fsync_tree(path: Path) -> None:
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class Checkpointer:
+    """Save/load checkpoints of a :class:`~trainers.engine.TrainEngine` under ``root``.
+
+    Every method that touches model state is collective over the trainer ranks.
+    ``keep`` complete checkpoints are kept (older ones are deleted after a save).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (got {keep})")
+        self.root, self.keep = Path(root), keep
+        self._stop = False
+
+    # -- model state ----------------------------------------------------------------------
+    @staticmethod
+    def _model_states(engine: TrainEngine) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        out = {}
+        for name, sm in engine.trainable().items():
+            model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer)
+            out[name] = {"model": model_sd, "optim": optim_sd}
+        return out
+
+    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: Any = None,
+             extra: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step`` atomically and point ``latest`` at it; return its path."""
+        import torch.distributed.checkpoint as dcp
+
+        name = f"{_PREFIX}{step:08d}"
+        final, tmp = self.root / name, self.root / f".tmp-{name}"
+        if engine.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        tdist.barrier()
+        dcp.save(self._model_states(engine), checkpoint_id=str(tmp / "model"))
+        torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+        tdist.barrier()
+        if engine.rank == 0:
+            state = {"step": step, "version": version, "engine_step": engine.step, "rollout": rollout,
+                     "extra": extra or {}, "world_size": engine.world,
+                     "schedulers": {n: sm.scheduler.state_dict() for n, sm in engine.trainable().items()
+                                    if sm.scheduler is not None}}
+            torch.save(state, tmp / "state.pt")
+            (tmp / "meta.json").write_text(json.dumps({"step": step, "version": version, "complete": True}))
+            _fsync_tree(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            pointer = self.root / ".latest.tmp"
+            pointer.write_text(name)
+            os.replace(pointer, self.root / "latest")
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._prune()
+        tdist.barrier()
+        return final
+
+    def _prune(self) -> None:
+        done = sorted((meta["step"], p) for p in self.root.glob(f"{_PREFIX}*") if (meta := _complete(p)))
+        for _, p in done[: max(0, len(done) - self.keep)]:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def load(self, engine: TrainEngine, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore ``engine`` (models, optimisers, schedules, RNG) from ``path``; return
+        ``{"step", "version", "rollout", "extra", "path"}``."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        path = Path(path)
+        if _complete(path) is None:
+            raise ValueError(f"{path}: not a complete checkpoint (no meta.json with complete=true)")
+        states = self._model_states(engine)
+        dcp.load(states, checkpoint_id=str(path / "model"))
+        for name, sm in engine.trainable().items():
+            set_state_dict(sm.model, sm.optimizer, model_state_dict=states[name]["model"],
+                           optim_state_dict=states[name]["optim"])
+        state = torch.load(path / "state.pt", weights_only=False)
+        for name, sd in state["schedulers"].items():
+            sched = engine.trainable()[name].scheduler
+            if sched is not None:
+                sched.load_state_dict(sd)
+        engine.step = int(state["engine_step"])
+        rng_file = path / f"rng_rank{engine.rank}.pt"
+        if rng_file.exists():  # absent when resuming on more ranks than were saved
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        tdist.barrier()
+        return {"step": int(state["step"]), "version": int(state["version"]), "rollout": state["rollout"],
+                "extra": state["extra"], "path": str(path)}
+
+    def load_latest(self, engine: TrainEngine) -> dict[str, Any] | None:
+        """Load the newest complete checkpoint (rank 0 decides which), or None if there is none."""
+        latest = tdist.broadcast_object(find_latest(self.root) if engine.rank == 0 else None)
+        return None if latest is None else self.load(engine, latest)
+
+    # -- SIGTERM ----------------------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """True on every rank once any rank got SIGTERM (collective: call at step boundaries)."""
+        flag = torch.tensor([1.0 if self._stop else 0.0])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._stop = bool(flag.item())
+        return self._stop
+
+    @contextlib.contextmanager
+    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, Any]]) -> Iterator[Checkpointer]:
+        """While inside, SIGTERM requests a save instead of killing the process.
+
+        The loop should check :meth:`stop_requested` at each step boundary and leave; on the
+        way out a checkpoint of ``state_fn() = (engine, step, version, rollout_state)`` is
+        saved if a SIGTERM came. A second SIGTERM terminates at once.
+        """
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            self._stop = True
+
+        previous = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if self._stop:
+                engine, step, version, rollout = state_fn()
+                self.save(engine, step=step, version=version, rollout=rollout)
