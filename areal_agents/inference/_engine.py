@@ -46,6 +46,7 @@ class GenRequest:
     versions: list[str] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     matched_stop: str | None = None
+    error: str | None = None
     created: float = field(default_factory=time.monotonic)
 
 
@@ -79,10 +80,11 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.rows: list[GenRequest] = []
+        self._admitting: list[GenRequest] = []
         self.kv = BatchKV(model.config, self.device, torch.float32 if self.device.type == "cpu" else model.dtype)
         self._last_tok = torch.empty(0, dtype=torch.long, device=self.device)
         self._params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "tokens": 0}
+        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "tokens": 0, "errors": 0}
         self.error: BaseException | None = None
 
     # ----------------------------------------------------------------- thread-safe API
@@ -187,9 +189,12 @@ class Engine:
                             fut.set_exception(exc)
                     if self._paused:
                         continue
-                    self._admit()
-                    if self.rows:
-                        self._decode_step()
+                    try:
+                        self._admit()
+                        if self.rows:
+                            self._decode_step()
+                    except Exception as exc:  # fail this batch's requests, keep serving
+                        self._fail_batch(exc)
         except BaseException as exc:  # a dead loop must not leave requests hanging
             self.error = exc
             self.abort_where(lambda r: True, f"decode loop failed: {exc!r}")
@@ -208,6 +213,7 @@ class Engine:
             group = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
         if not group:
             return
+        self._admitting = group
         seqs = [r.prompt + r.output_ids for r in group]
         length = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), length), self.pad_id, dtype=torch.long)
@@ -231,6 +237,18 @@ class Engine:
             self.rows.extend(group[i] for i in keep)
             self._last_tok = torch.cat([self._last_tok, torch.tensor([tokens[i] for i in keep], device=self.device)])
             self._params = None
+        self._admitting = []
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """A forward pass failed: end every request in it with an error, start clean."""
+        self.metrics["errors"] += 1
+        for req in [*self.rows, *self._admitting]:
+            if req.finish is None:
+                req.error = f"{type(exc).__name__}: {exc}"
+                self._finish(req, {"type": "abort", "message": f"server error: {req.error}"})
+        self.rows, self._admitting, self._params = [], [], None
+        self.kv.clear()
+        self._last_tok = self._last_tok[:0]
 
     def _decode_step(self) -> None:
         mask, pos = self.kv.step_inputs()

@@ -103,6 +103,7 @@ class InferenceClient:
         reprobe_after: float = 2.0,
         abort_wait: float = 0.05,
         max_resumes: int = 1000,
+        max_empty_aborts: int = 20,
     ) -> None:
         if not addresses:
             raise ValueError("InferenceClient needs at least one server address")
@@ -117,6 +118,7 @@ class InferenceClient:
         self.reprobe_after = reprobe_after
         self.abort_wait = abort_wait
         self.max_resumes = max_resumes
+        self.max_empty_aborts = max_empty_aborts
         self.inflight = [0] * len(self.urls)
         self.dead_until: dict[int, float] = {}
         self._rr = itertools.cycle(range(len(self.urls)))
@@ -249,7 +251,7 @@ class InferenceClient:
         versions: list[int] = []
         texts: list[str] = []
         finish: dict[str, Any] = {"type": "length", "length": 0}
-        resumes = 0
+        resumes = empty = 0
         while True:
             params = {**sampling, "max_new_tokens": budget - len(out)}
             if min_new:
@@ -262,9 +264,13 @@ class InferenceClient:
             texts.append(text)
             if finish["type"] != "abort" or len(out) >= budget or resumes >= self.max_resumes:
                 break
+            empty = 0 if ids else empty + 1
+            if empty > self.max_empty_aborts:
+                raise InferenceError(f"{url} aborted the request {empty} times in a row without output: "
+                                     f"{finish.get('message', '')}")  # fmt: skip
             resumes += 1
             self.stats["resumes"] += 1
-            await asyncio.sleep(self.abort_wait)
+            await asyncio.sleep(min(self.abort_wait * 2**empty, self.max_backoff))
         if finish["type"] == "abort" and len(out) >= budget:
             finish = {"type": "length", "length": len(out)}
         return Generation(

@@ -138,6 +138,9 @@ async def _generate(request: web.Request) -> web.Response:
         engine.call(lambda: engine.abort_where(lambda r: id(r) in ids, "client disconnected"))
         raise
     latency = time.monotonic() - start
+    failed = [r.error for r in done if r.error]
+    if failed:  # 5xx: the client retries, possibly on another server
+        return _error(500, f"generation failed: {failed[0]}")
     bodies = [
         response_body(spec, r.output_ids, r.logprobs, r.versions, r.finish, r.matched_stop,
                       engine.weight_version, latency, return_logprob, engine.tokenizer)
@@ -262,6 +265,7 @@ def batching_stats(engine: Any) -> dict[str, Any]:
         "decode_steps": m["decode_steps"], "prefills": m["prefills"], "generated_tokens": m["tokens"],
         "mean_batch_size": m["decode_seqs"] / m["decode_steps"] if m["decode_steps"] else 0.0,
         "max_batch_size_seen": m["max_batch"], "num_running": running, "num_waiting": waiting,
+        "step_errors": m["errors"],
     }  # fmt: skip
 
 

@@ -113,25 +113,41 @@ def test_logprobs_exact_when_sequences_join_a_running_batch(server: ServerHandle
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
 
 
-def test_stop_rules(server: ServerHandle) -> None:
-    free = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
-                                                                "ignore_eos": True})  # fmt: skip
+def test_stop_rules(server: ServerHandle, models: tuple[Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(models[0])
+    greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    free = generate(server, input_ids=[9, 10], sampling_params=greedy)
     ids = free["output_ids"]
     third = ids[2]
-    out = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
-                                                               "stop_token_ids": [third]})  # fmt: skip
-    first_hit = ids.index(third)
-    assert out["output_ids"] == ids[: first_hit + 1]
+    out = generate(server, input_ids=[9, 10], sampling_params={**greedy, "ignore_eos": False, "stop_token_ids": [third]})
+    assert out["output_ids"] == ids[: ids.index(third) + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
+    top1 = generate(server, input_ids=[9, 10], return_logprob=True,
+                    sampling_params={**greedy, "temperature": 1.0, "top_k": 1})  # fmt: skip
+    assert top1["output_ids"] == ids  # top_k=1 is greedy, but logprobs are not 0: taken before filtering
+    assert all(lp < 0 for lp, _, _ in top1["meta_info"]["output_token_logprobs"])
     zero = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 0})
     assert zero["output_ids"] == [] and zero["meta_info"]["finish_reason"]["type"] == "length"
+    # a stop string: the text of a printable token in some greedy output
+    def printable(piece: str) -> bool:
+        return bool(piece.strip()) and piece.isprintable() and "\ufffd" not in piece
+
+    for first in range(3, 60):
+        free = generate(server, input_ids=[first, 10], sampling_params={**greedy, "max_new_tokens": 24})
+        ids, pieces = free["output_ids"], [tok.decode([t]) for t in free["output_ids"]]
+        if any(printable(p) for p in pieces):
+            break
+    stop = next(p for p in pieces if printable(p))
     text = free["text"]
-    stop = text[len(text) // 2 :][:2]
-    if stop.strip() and "\ufffd" not in stop:
-        cut = generate(server, input_ids=[9, 10], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
-                                                                   "stop": [stop], "ignore_eos": True})  # fmt: skip
-        assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-        assert stop not in cut["text"] and text.startswith(cut["text"])
+    greedy["max_new_tokens"] = 24
+    cut = generate(server, input_ids=[first, 10], sampling_params={**greedy, "stop": [stop]})
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert cut["text"] == text[: text.index(stop)]
+    assert ids[: len(cut["output_ids"])] == cut["output_ids"] and len(cut["output_ids"]) <= pieces.index(stop) + 1
+    kept = generate(server, input_ids=[first, 10], sampling_params={**greedy, "stop": stop, "no_stop_trim": True})
+    assert kept["text"].endswith(stop) and kept["output_ids"] == cut["output_ids"]
 
 
 def test_concurrent_requests_share_forward_passes(server: ServerHandle) -> None:

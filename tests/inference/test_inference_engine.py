@@ -1,0 +1,92 @@
+"""The decode engine in-process: batching, sampling semantics, recovery from a failed step."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from inference_support import make_models
+
+from areal_agents.inference._engine import Engine, GenRequest
+from areal_agents.inference._sampling import sample_next
+from areal_agents.inference.server import load_model
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    model_dir, _ = make_models(tmp_path_factory.mktemp("models"))
+    model, tok = load_model(model_dir)
+    eng = Engine(model, tok, max_batch_size=8)
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def run_all(engine: Engine, reqs: list[GenRequest], timeout: float = 60) -> list[GenRequest]:
+    done = threading.Semaphore(0)
+    for r in reqs:
+        r.done = lambda _r: done.release()
+        engine.submit(r)
+    for _ in reqs:
+        assert done.acquire(timeout=timeout)
+    return reqs
+
+
+def test_more_requests_than_slots_all_finish(engine: Engine) -> None:
+    reqs = [GenRequest(rid=str(i), prompt=[3 + i, 4], max_new_tokens=5 + i, ignore_eos=True) for i in range(20)]
+    run_all(engine, reqs)
+    assert [len(r.output_ids) for r in reqs] == [5 + i for i in range(20)]
+    assert engine.metrics["max_batch"] <= 8
+    rows, batch = engine.call(lambda: (list(engine.rows), engine.kv.batch)).result(10)  # at a token boundary
+    assert rows == [] and batch == 0
+
+
+class _FailOnce:
+    """Fault injection: the next model call raises, later ones run the real model."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.armed = model, True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("injected failure")
+        return self.model(*args, **kwargs)
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine: Engine) -> None:
+    real = engine.model
+    engine.call(lambda: setattr(engine, "model", _FailOnce(real))).result(10)
+    try:
+        failed = run_all(engine, [GenRequest(rid="f", prompt=[5, 6], max_new_tokens=4)])[0]
+        assert failed.error is not None and "injected failure" in failed.error
+        assert failed.finish is not None and failed.finish["type"] == "abort"
+        ok = run_all(engine, [GenRequest(rid="ok", prompt=[5, 6], max_new_tokens=4, ignore_eos=True)])[0]
+        assert ok.error is None and len(ok.output_ids) == 4 and engine.alive
+        assert engine.metrics["errors"] == 1
+    finally:
+        engine.call(lambda: setattr(engine, "model", real)).result(10)
+
+
+def test_sampling_filters_do_not_change_logprobs() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=gen)
+    temp = torch.tensor([0.0, 1.0, 0.5, 0.5])
+    top_p = torch.tensor([1.0, 1.0, 0.3, 1.0])
+    top_k = torch.tensor([-1, 1, -1, 3])
+    tokens, lps = sample_next(logits, temp, top_p, top_k, generator=gen)
+    assert tokens[0] == logits[0].argmax() and tokens[1] == logits[1].argmax()  # greedy and top_k=1
+    scale = torch.tensor([1.0, 1.0, 0.5, 0.5])
+    want = torch.log_softmax(logits / scale[:, None], dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    assert torch.allclose(lps, want)
+    assert tokens[3] in logits[3].topk(3).indices
+    probs = torch.softmax(logits[2] / 0.5, dim=-1)
+    order = probs.argsort(descending=True)
+    nucleus = order[: int((probs[order].cumsum(0) < 0.3).sum()) + 1]
+    assert tokens[2] in nucleus
