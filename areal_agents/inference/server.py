@@ -317,7 +317,7 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
 
 async def serve(app: web.Application, host: str, port: int, announce: bool = True) -> None:
     """Serve ``app`` until SIGINT/SIGTERM; prints ``serving on http://HOST:PORT``."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,18 @@ def test_bad_requests_get_400_json_and_the_server_keeps_serving(server: ServerHa
     assert httpx.get(server.url + "/health").status_code == 200
     ok = generate(server, input_ids=[1, 2], sampling_params={"max_new_tokens": 2})
     assert len(ok["output_ids"]) == 2
+
+
+def test_a_client_that_goes_away_frees_its_batch_slot(server: ServerHandle) -> None:
+    def batching() -> dict:
+        return httpx.get(server.url + "/server_info").json()["batching"]
+
+    before = batching()["generated_tokens"]
+    body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/generate", json=body, timeout=0.3)
+    deadline = time.monotonic() + 30
+    while batching()["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert batching()["num_running"] == 0
+    assert batching()["generated_tokens"] - before < 1000  # stopped early, not run to the end
