@@ -18,7 +18,7 @@ from areal_agents.types import Trajectory
 if TYPE_CHECKING:
     from areal_agents.rollout import RolloutExecutor
 
-__all__ = ["EpisodeFn", "classify_error", "make_episode_fn", "write_rollouts"]
+__all__ = ["EpisodeFn", "classify_error", "episode_outcome", "make_episode_fn", "write_rollouts"]
 
 EpisodeFn = Callable[[dict[str, Any], int, str], Awaitable[Trajectory]]
 """``async episode_fn(row, seed, episode_id) -> Trajectory``."""
@@ -46,6 +46,35 @@ def classify_error(exc: BaseException) -> str:
 def _failed(status: str, exc: BaseException | str) -> Trajectory:
     msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
     return Trajectory(status=status, info={"error": msg})
+
+
+def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount: float | None) -> Trajectory:
+    """The trajectory of a finished episode task, whatever happened to it.
+
+    A cancelled task gives ``timeout`` (``cancel_reason == "timeout"``) or ``aborted``; an
+    exception is classified by :func:`classify_error`; an ``ok`` result that fails
+    :meth:`Trajectory.validate` becomes ``env_error``. With ``turn_discount`` the return is
+    recomputed from the per-turn rewards.
+    """
+    if task.cancelled():
+        status = "timeout" if cancel_reason == "timeout" else "aborted"
+        return Trajectory(status=status, info={"error": f"episode cancelled ({cancel_reason or 'cancelled'})"})
+    exc = task.exception()
+    if exc is not None:
+        return _failed(classify_error(exc), exc)
+    traj = task.result()
+    if not isinstance(traj, Trajectory):
+        return _failed("env_error", f"episode_fn returned {type(traj).__name__}, not Trajectory")
+    if cancel_reason and traj.ok:  # the episode swallowed its cancellation
+        traj.status = "timeout" if cancel_reason == "timeout" else "aborted"
+    if traj.ok:
+        try:
+            if turn_discount is not None and traj.turn_rewards:
+                traj.set_rewards(traj.turn_rewards, turn_discount)
+            traj.validate()
+        except ValueError as exc:
+            traj.status, traj.info["error"] = "env_error", f"invalid trajectory: {exc}"
+    return traj
 
 
 def make_episode_fn(

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from areal_agents.types import Trajectory
 
-__all__ = ["Group", "GroupFilter", "RowFeeder", "make_group_filter", "mean_std", "nonzero_std"]
+__all__ = ["Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "make_group_filter", "mean_std",
+           "nonzero_std"]
 
 GroupFilter = Callable[[list[Trajectory]], bool]
 """``keep(group) -> bool``: False drops the whole group (counted as ``filter``)."""
@@ -134,3 +136,63 @@ def mean_std(values: list[float]) -> tuple[float, float]:
         return 0.0, 0.0
     mean = sum(values) / len(values)
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+class Ledger:
+    """Episode counters: each submitted episode ends in exactly one of accepted/failed/dropped.
+
+    ``failed_by_status`` counts failed episodes per status; ``dropped_groups`` counts dropped
+    groups per reason (``filter``, ``stale``, ``failed``).
+    """
+
+    def __init__(self) -> None:
+        self.submitted = self.accepted = self.failed = self.dropped = 0
+        self.failed_by_status: Counter[str] = Counter()
+        self.dropped_groups: Counter[str] = Counter()
+
+    def fail_unlaunched(self, size: int) -> None:
+        """A group cancelled before it started: its episodes end ``aborted``."""
+        self.failed += size
+        self.failed_by_status["aborted"] += size
+
+    def resolve(self, members: list[Trajectory], drop_reason: str) -> None:
+        """Count a finished group: failed members as failed, ok ones accepted (or dropped)."""
+        n_failed = 0
+        for t in members:
+            if not t.ok:
+                self.failed_by_status[t.status] += 1
+                n_failed += 1
+        self.failed += n_failed
+        if drop_reason:
+            self.dropped += len(members) - n_failed
+            self.dropped_groups[drop_reason] += 1
+        else:
+            self.accepted += len(members) - n_failed
+
+    def unaccept(self, members: list[Trajectory], drop_reason: str) -> None:
+        """An accepted group is dropped after all (it became stale while waiting)."""
+        n_ok = sum(t.ok for t in members)
+        self.accepted -= n_ok
+        self.dropped += n_ok
+        self.dropped_groups[drop_reason] += 1
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"rollout/failed/{k}": float(v) for k, v in self.failed_by_status.items()}
+        out["rollout/dropped_groups"] = float(sum(self.dropped_groups.values()))
+        out.update({f"rollout/dropped_groups/{k}": float(v) for k, v in self.dropped_groups.items()})
+        return out
+
+
+def batch_metrics(trajectories: list[Trajectory], version: int) -> dict[str, float]:
+    """Reward, length and staleness metrics of one batch taken at weight ``version``."""
+    reward_mean, reward_std = mean_std([t.reward for t in trajectories])
+    staleness = [float(version - t.start_version) for t in trajectories]
+    return {
+        "rollout/reward": reward_mean,
+        "rollout/reward_std": reward_std,
+        "rollout/episode_len": mean_std([float(t.num_tokens) for t in trajectories])[0],
+        "rollout/turns": mean_std([float(t.num_turns) for t in trajectories])[0],
+        "rollout/tokens": mean_std([float(t.num_generated) for t in trajectories])[0],
+        "staleness/mean": mean_std(staleness)[0],
+        "staleness/max": max(staleness, default=0.0),
+    }

@@ -36,46 +36,24 @@ generates exactly one batch with the current weights and waits for the next vers
 
 from __future__ import annotations
 
-import asyncio
 import heapq
-import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from areal_agents._episode import EpisodeFn, make_episode_fn, write_rollouts
-from areal_agents._groups import Group, GroupFilter, RowFeeder, make_group_filter, mean_std
+from areal_agents._groups import Group, GroupFilter, Ledger, RowFeeder, batch_metrics, make_group_filter
+from areal_agents._loop_thread import LoopThread
+from areal_agents._scheduling import SchedulerMixin
 from areal_agents.config import RolloutConfig
 from areal_agents.types import Trajectory
 
 __all__ = ["EpisodeFn", "RolloutExecutor", "make_episode_fn", "write_rollouts"]
 
-log = logging.getLogger(__name__)
 
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop  # optional, faster
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-class _Episode:
-    """One running episode: its task, timeout timer and why it was cancelled, if it was."""
-
-    __slots__ = ("group", "k", "task", "timer", "reason")
-
-    def __init__(self, group: Group, k: int) -> None:
-        self.group, self.k = group, k
-        self.task: asyncio.Future[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.reason = ""  # "timeout" | "stale" | "shutdown" once cancelled
-
-
-class RolloutExecutor:
+class RolloutExecutor(SchedulerMixin):
     """Runs episode groups asynchronously and returns training batches (see the module doc).
 
     ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when
@@ -122,8 +100,7 @@ class RolloutExecutor:
         self._G = cfg.group_size
         self._B = cfg.batch_size * cfg.group_size
         self._cond = threading.Condition(threading.Lock())
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: LoopThread | None = None
         self._state = "new"  # new -> running -> closing -> closed
         self._error: BaseException | None = None
         self._paused = False
@@ -135,9 +112,7 @@ class RolloutExecutor:
         self._running = 0
         self._delivered_groups = 0  # groups handed out or in the ready queue (capacity)
         self._consumed_groups = 0
-        self._n = Counter[str]()  # submitted / accepted / failed / dropped (episodes)
-        self._failed_by_status = Counter[str]()
-        self._dropped_groups = Counter[str]()
+        self._ledger = Ledger()
         self._finished = 0
         self._gen_tokens = 0
         self._last_batch: dict[str, float] = {}
@@ -151,27 +126,10 @@ class RolloutExecutor:
                 raise RuntimeError(f"rollout executor cannot start: it is {self._state}")
             self._state = "running"
             self._rate_mark = (time.monotonic(), self._finished, self._gen_tokens)
-        self._loop = _new_event_loop()
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._thread_main, args=(ready,), name=f"{self.name}-loop", daemon=True)
+            self._thread = LoopThread(f"{self.name}-loop")
         self._thread.start()
-        ready.wait()
-        self._loop.call_soon_threadsafe(self._launch)
+        self._kick()
         return self
-
-    def _thread_main(self, ready: threading.Event) -> None:
-        loop = self._loop
-        assert loop is not None
-        asyncio.set_event_loop(loop)
-        loop.call_soon(ready.set)
-        try:
-            loop.run_forever()
-        finally:
-            try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                loop.close()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Cancel in-flight episodes (counted ``aborted``), run ``on_shutdown``, stop the loop thread.
@@ -183,36 +141,14 @@ class RolloutExecutor:
             self._cond.notify_all()
         if state != "running":
             return
-        loop, thread = self._loop, self._thread
-        assert loop is not None and thread is not None
+        thread = self._thread
+        assert thread is not None
         try:
-            asyncio.run_coroutine_threadsafe(self._aclose(timeout / 2), loop).result(timeout)
+            thread.run(self._aclose(timeout / 2), timeout)
         finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout)
+            thread.stop(timeout)
             with self._cond:
                 self._state = "closed"
-
-    async def _aclose(self, grace: float) -> None:
-        with self._cond:
-            while self._pending:  # never launched: they end as aborted
-                g = self._pending.popleft()
-                self._n["failed"] += g.size
-                self._failed_by_status["aborted"] += g.size
-            episodes = [ep for g in self._active.values() for ep in g.tasks]
-        for ep in episodes:
-            self._cancel(ep, "shutdown")
-        tasks = [ep.task for ep in episodes if ep.task is not None]
-        if tasks:
-            _, still = await asyncio.wait(tasks, timeout=grace)
-            if still:
-                log.warning("rollout: %d episodes ignored cancellation at shutdown", len(still))
-        await asyncio.sleep(0)  # let the done-callbacks of the cancelled episodes run
-        for hook in self._on_shutdown:
-            try:
-                await hook()
-            except Exception as exc:  # a failing cleanup must not stop the shutdown
-                log.warning("rollout: on_shutdown hook failed: %s: %s", type(exc).__name__, exc)
 
     def __enter__(self) -> RolloutExecutor:
         return self.start()
@@ -222,17 +158,11 @@ class RolloutExecutor:
 
     def run_coroutine(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         """Run ``coro`` on the executor's event loop and return its result (from another thread)."""
-        if self._loop is None or self._state != "running":
+        if self._thread is None or self._state != "running":
             raise RuntimeError("rollout executor is not running")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+        return self._thread.run(coro, timeout)
 
     # ------------------------------------------------------------------ feeding
-    def _new_group_locked(self, row: dict[str, Any], key: tuple[int, int] | None, serial: int | None = None) -> Group:
-        if serial is None:
-            serial, self._serial = self._serial, self._serial + 1
-        seed = (self._seed * 1_000_003 + serial * self._G) % (2**31 - self._G)
-        return Group(serial=serial, group_id=f"{self.name}-{serial}", row=row, size=self._G, seed=seed, key=key)
-
     def submit(self, row: dict[str, Any]) -> str:
         """Queue one group (``group_size`` episodes) of ``row``; returns its ``group_id``."""
         if not isinstance(row, dict):
@@ -242,159 +172,9 @@ class RolloutExecutor:
                 raise RuntimeError("rollout executor is shut down")
             g = self._new_group_locked(row, None)
             self._pending.append(g)
-            self._n["submitted"] += g.size
+            self._ledger.submitted += g.size
         self._kick()
         return g.group_id
-
-    def _kick(self) -> None:
-        loop = self._loop
-        if loop is not None and self._state == "running":
-            try:
-                loop.call_soon_threadsafe(self._launch)
-            except RuntimeError:  # loop closed under us during shutdown
-                pass
-
-    def _capacity_locked(self) -> int:
-        cap = self.cfg.max_concurrent_rollouts - self._running
-        if self._bounded:
-            started = (self._delivered_groups + len(self._active)) * self._G
-            cap = min(cap, (self.cfg.max_head_offpolicyness + self._version + 1) * self._B - started)
-        return cap
-
-    def _launch(self) -> None:
-        """Launch whole groups while capacity allows (event-loop thread only)."""
-        with self._cond:
-            while self._state == "running" and not self._paused and self._capacity_locked() >= self._G:
-                if self._pending:
-                    g = self._pending.popleft()
-                elif len(self._feeder):
-                    key, row = self._feeder.next()
-                    g = self._new_group_locked(row, key)
-                    self._n["submitted"] += g.size
-                else:
-                    break
-                self._start_group_locked(g)
-
-    def _start_group_locked(self, g: Group) -> None:
-        loop = self._loop
-        assert loop is not None
-        g.start_version = self._version
-        self._active[g.serial] = g
-        for k in range(g.size):
-            ep = _Episode(g, k)
-            try:
-                ep.task = asyncio.ensure_future(self._episode_fn(dict(g.row), g.seed + k, f"{g.group_id}-{k}"),
-                                                loop=loop)
-            except Exception as exc:  # episode_fn failed before returning an awaitable
-                ep.task = loop.create_future()
-                ep.task.set_exception(exc)
-            ep.timer = loop.call_later(self.cfg.episode_timeout, self._cancel, ep, "timeout")
-            g.tasks.add(ep)
-            self._running += 1
-            ep.task.add_done_callback(lambda _t, ep=ep: self._on_done(ep))
-
-    @staticmethod
-    def _cancel(ep: _Episode, reason: str) -> None:
-        if ep.task is not None and not ep.task.done():
-            ep.reason = ep.reason or reason
-            ep.task.cancel()
-
-    # ------------------------------------------------------------------ completion
-    def _collect(self, ep: _Episode) -> Trajectory:
-        task = ep.task
-        assert task is not None
-        if task.cancelled():
-            status = "timeout" if ep.reason == "timeout" else "aborted"
-            traj = Trajectory(status=status, info={"error": f"episode cancelled ({ep.reason or 'cancelled'})"})
-        elif (exc := task.exception()) is not None:
-            status = "timeout" if isinstance(exc, TimeoutError) else "env_error"
-            traj = Trajectory(status=status, info={"error": f"{type(exc).__name__}: {exc}"})
-        else:
-            traj = task.result()
-            if not isinstance(traj, Trajectory):
-                traj = Trajectory(status="env_error",
-                                  info={"error": f"episode_fn returned {type(traj).__name__}, not Trajectory"})
-            elif ep.reason and traj.ok:  # the episode swallowed its cancellation
-                traj.status = "timeout" if ep.reason == "timeout" else "aborted"
-        if traj.ok:
-            try:
-                if self._turn_discount is not None and traj.turn_rewards:
-                    traj.set_rewards(traj.turn_rewards, self._turn_discount)
-                traj.validate()
-            except ValueError as exc:
-                traj.status, traj.info["error"] = "env_error", f"invalid trajectory: {exc}"
-        g = ep.group
-        traj.group_id, traj.start_version = g.group_id, g.start_version
-        traj.info.setdefault("episode_id", f"{g.group_id}-{ep.k}")
-        traj.info.setdefault("seed", g.seed + ep.k)
-        return traj
-
-    def _on_done(self, ep: _Episode) -> None:
-        if ep.timer is not None:
-            ep.timer.cancel()
-        traj = self._collect(ep)
-        g = ep.group
-        with self._cond:
-            self._running -= 1
-            self._finished += 1
-            self._gen_tokens += traj.num_generated
-            g.tasks.discard(ep)
-            g.trajectories[ep.k] = traj
-            g.done += 1
-            if g.complete:
-                self._resolve_locked(g)
-        self._launch()
-
-    def _is_stale_locked(self, g: Group) -> bool:
-        return self._bounded and g.start_version < self._version - self.cfg.max_head_offpolicyness
-
-    def _resolve_locked(self, g: Group) -> None:
-        """Count a finished group's episodes and queue it for the trainer, or drop it."""
-        del self._active[g.serial]
-        members = g.members()
-        failed = [t for t in members if not t.ok]
-        for t in failed:
-            self._failed_by_status[t.status] += 1
-        self._n["failed"] += len(failed)
-        n_ok = len(members) - len(failed)
-        reason = ""
-        if g.stale or self._is_stale_locked(g):
-            reason = "stale"
-        elif failed and self.cfg.failure_policy == "drop":
-            reason = "failed"
-        else:
-            for t in failed:  # failure_policy == "zero": keep, with no reward
-                t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
-            if self._filter is not None and not self._filter(members):
-                reason = "filter"
-        if reason:
-            self._n["dropped"] += n_ok
-            self._dropped_groups[reason] += 1
-        else:
-            self._n["accepted"] += n_ok
-            self._delivered_groups += 1
-            heapq.heappush(self._ready, (g.start_version, g.serial, g))
-        self._cond.notify_all()
-
-    def _drop_stale_ready_locked(self) -> int:
-        if not self._bounded:
-            return 0
-        keep, dropped = [], 0
-        for item in self._ready:
-            g = item[2]
-            if self._is_stale_locked(g):
-                n_ok = sum(t.ok for t in g.members())
-                self._n["accepted"] -= n_ok
-                self._n["dropped"] += n_ok
-                self._dropped_groups["stale"] += 1
-                self._delivered_groups -= 1
-                dropped += 1
-            else:
-                keep.append(item)
-        if dropped:
-            heapq.heapify(keep)
-            self._ready = keep
-        return dropped
 
     # ------------------------------------------------------------------ versions and pausing
     def set_version(self, version: int) -> None:
@@ -405,15 +185,9 @@ class RolloutExecutor:
             stale = [g for g in self._active.values() if not g.stale and self._is_stale_locked(g)]
             for g in stale:
                 g.stale = True
-        loop = self._loop
-        if stale and loop is not None and self._state == "running":
-            loop.call_soon_threadsafe(self._cancel_groups, stale)
+        if stale and self._thread is not None and self._state == "running":
+            self._thread.call_soon(self._cancel_groups, stale)
         self._kick()
-
-    def _cancel_groups(self, groups: list[Group]) -> None:
-        for g in groups:
-            for ep in list(g.tasks):
-                self._cancel(ep, "stale")
 
     def get_version(self) -> int:
         with self._cond:
@@ -487,36 +261,25 @@ class RolloutExecutor:
         return groups
 
     def _record_batch(self, groups: list[list[Trajectory]]) -> None:
-        trajs = [t for g in groups for t in g]
-        version = self.get_version()
-        reward_mean, reward_std = mean_std([t.reward for t in trajs])
-        stale = [version - t.start_version for t in trajs]
+        metrics = batch_metrics([t for g in groups for t in g], self.get_version())
         now = time.monotonic()
         with self._cond:
             t0, f0, g0 = self._rate_mark
-            finished, gen = self._finished, self._gen_tokens
-            self._rate_mark = (now, finished, gen)
+            self._rate_mark = (now, self._finished, self._gen_tokens)
             dt = max(now - t0, 1e-9)
-            self._last_batch = {
-                "rollout/reward": reward_mean,
-                "rollout/reward_std": reward_std,
-                "rollout/episode_len": mean_std([float(t.num_tokens) for t in trajs])[0],
-                "rollout/turns": mean_std([float(t.num_turns) for t in trajs])[0],
-                "rollout/tokens": mean_std([float(t.num_generated) for t in trajs])[0],
-                "staleness/mean": mean_std([float(s) for s in stale])[0],
-                "staleness/max": float(max(stale, default=0)),
-                "perf/episodes_per_s": (finished - f0) / dt,
-                "perf/gen_tokens_per_s": (gen - g0) / dt,
-            }
+            metrics["perf/episodes_per_s"] = (self._finished - f0) / dt
+            metrics["perf/gen_tokens_per_s"] = (self._gen_tokens - g0) / dt
+            self._last_batch = metrics
 
     # ------------------------------------------------------------------ metrics and state
     def counts(self) -> dict[str, int]:
         """Episode counters; ``submitted == accepted + failed + dropped + in_flight`` always."""
         with self._cond:
             in_flight = sum(g.size for g in self._pending) + sum(g.size for g in self._active.values())
-            return {"submitted": self._n["submitted"], "accepted": self._n["accepted"],
-                    "failed": self._n["failed"], "dropped": self._n["dropped"], "in_flight": in_flight,
-                    "running": self._running, "ready_groups": len(self._ready)}
+            led = self._ledger
+            return {"submitted": led.submitted, "accepted": led.accepted, "failed": led.failed,
+                    "dropped": led.dropped, "in_flight": in_flight, "running": self._running,
+                    "ready_groups": len(self._ready)}
 
     def stats(self) -> dict[str, float]:
         """Metrics of the last batch plus cumulative counters, with fixed names.
@@ -530,9 +293,7 @@ class RolloutExecutor:
         with self._cond:
             out: dict[str, float] = dict(self._last_batch)
             out.update({f"rollout/{k}": float(v) for k, v in counts.items() if k != "ready_groups"})
-            out.update({f"rollout/failed/{k}": float(v) for k, v in self._failed_by_status.items()})
-            out["rollout/dropped_groups"] = float(sum(self._dropped_groups.values()))
-            out.update({f"rollout/dropped_groups/{k}": float(v) for k, v in self._dropped_groups.items()})
+            out.update(self._ledger.metrics())
             out["rollout/version"] = float(self._version)
         return out
 
@@ -560,4 +321,4 @@ class RolloutExecutor:
             for epoch, index, serial in keys:
                 g = self._new_group_locked(self._feeder.row_at((epoch, index)), (epoch, index), serial)
                 self._pending.append(g)
-                self._n["submitted"] += g.size
+                self._ledger.submitted += g.size

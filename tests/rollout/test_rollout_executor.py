@@ -276,7 +276,7 @@ def test_shutdown_cancels_everything_and_leaks_nothing():
     assert_invariant(counts)
     assert threading.active_count() == threads0
     assert _open_fds() == fds0
-    assert ex._loop is not None and ex._loop.is_closed()
+    assert ex._thread is not None and ex._thread.loop.is_closed()
     with pytest.raises(RuntimeError, match="closed"):
         ex.prepare_batch(timeout=1)
     with pytest.raises(RuntimeError, match="shut down"):
