@@ -3,9 +3,11 @@
 64 concurrent ``/generate`` requests of 64 new tokens each (``ignore_eos``) go to a real
 embedded server subprocess on loopback; then the same 64 prompts run as one left-padded
 batch through ``model.generate`` (sampling, 64 new tokens each) in this process. Both
-figures are new tokens per second of wall time, best of ``--repeats`` after a warm-up.
+figures are new tokens per second of wall time, best of ``--repeats`` interleaved rounds
+after a warm-up, with ``--threads`` torch threads on both sides (1 by default: on a small
+shared machine two busy-waiting OpenMP threads per process make both figures erratic).
 
-    python benchmarks/bench_inference_server.py [--requests 64] [--new-tokens 64] [--repeats 3]
+    python benchmarks/bench_inference_server.py [--requests 64] [--new-tokens 64] [--repeats 3] [--threads 1]
 
 Writes ``benchmarks/results/inference_server.json``. Target: ratio >= 0.7.
 """
@@ -80,6 +82,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads on both sides (1 is steadiest on a shared 2-core machine)")
     args = parser.parse_args()
 
     import torch
@@ -92,6 +96,7 @@ def main() -> None:
     from areal_agents.inference.tiny_model import build_tiny_model
 
     hf_logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(corpus(), Path(tmp) / "model", seed=0)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -101,7 +106,8 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         server_runs: list[float] = []
         gen_runs: list[float] = []
-        with launch_servers(cfg, model_dir, 1, log_dir=Path(tmp) / "logs") as group:
+        env = {"OMP_NUM_THREADS": str(args.threads)}
+        with launch_servers(cfg, model_dir, 1, log_dir=Path(tmp) / "logs", env=env) as group:
             url = group[0].url
             asyncio.run(server_round(url, ids[:8], 8))  # warm-up
             generate_round(model, tokenizer, ids[:8], 8)
@@ -118,6 +124,7 @@ def main() -> None:
         "server_tokens_per_s": max(server_runs),
         "generate_tokens_per_s": max(gen_runs),
         "ratio": max(server_runs) / max(gen_runs),
+        "median_pair_ratio": sorted(a / b for a, b in zip(server_runs, gen_runs, strict=True))[len(gen_runs) // 2],
         "runs": {"server": server_runs, "generate": gen_runs},
         "server_batching": batching,
         "target_ratio": 0.7,
