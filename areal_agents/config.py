@@ -224,6 +224,12 @@ class RolloutConfig:
         _choice(self.group_filter, "group_filter", ("none", "nonzero_std"))
         _choice(self.failure_policy, "failure_policy", ("drop", "zero"))
         _check(self.reward_timeout > 0, "reward_timeout", f"must be > 0 (got {self.reward_timeout})")
+        _check(self.episode_timeout > 0, "episode_timeout", f"must be > 0 (got {self.episode_timeout})")
+        _check(
+            self.max_concurrent_rollouts >= self.group_size,
+            "max_concurrent_rollouts",
+            f"must be >= group_size={self.group_size} (a group is launched as a whole; got {self.max_concurrent_rollouts})",
+        )
 
 
 @dataclass

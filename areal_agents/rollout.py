@@ -246,9 +246,17 @@ class RolloutExecutor(SchedulerMixin):
                     groups = [heapq.heappop(self._ready)[2] for _ in range(count)]
                     self._consumed_groups += count
                     return [g.members() for g in groups]
-                if not (self._pending or self._active or len(self._feeder)):
-                    raise RuntimeError(f"rollout executor has no rows left: {len(self._ready)} of {count} "
-                                       "groups ready and nothing in flight")
+                if not self._active:  # nothing running: would anything ever start?
+                    if not (self._pending or len(self._feeder)):
+                        raise RuntimeError(f"rollout executor has no rows left: {len(self._ready)} of {count} "
+                                           "groups ready and nothing in flight")
+                    if self._paused:
+                        raise RuntimeError("rollout executor is paused with nothing in flight: call resume() "
+                                           "before waiting for a batch")
+                    if self._capacity_locked() < self._G and self._running == 0:
+                        raise RuntimeError(f"rollout: staleness bound reached at version {self._version} "
+                                           f"(max_head_offpolicyness={self.cfg.max_head_offpolicyness}): "
+                                           "call set_version() after each training step")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"rollout: {len(self._ready)} of {count} groups ready after {timeout} s")

@@ -330,3 +330,17 @@ def test_random_schedule_keeps_invariant_and_bound():
                 ex.resume()
         assert_invariant(ex.counts())
         assert ex.counts()["in_flight"] == 0
+
+
+def test_waiting_that_could_never_finish_raises_instead_of_hanging():
+    c = cfg(max_head_offpolicyness=0, batch_size=1, group_size=2)
+    with RolloutExecutor(c, episode_fn=timed_episode(0.001), rows=ROWS) as ex:
+        ex.prepare_batch(timeout=20)
+        with pytest.raises(RuntimeError, match="staleness bound reached at version 0"):
+            ex.prepare_batch(timeout=20)  # eta = 0 and no set_version: nothing more may start
+        ex.pause()
+        ex.set_version(1)
+        with pytest.raises(RuntimeError, match="paused"):
+            ex.prepare_batch(timeout=20)
+        ex.resume()
+        assert len(ex.prepare_batch(timeout=20)) == 1
