@@ -191,6 +191,7 @@ def launch_servers(
 
     Returns once every server answers ``/health`` with 200; raises :class:`LaunchError`
     (after closing what it started) otherwise. Logs go to ``log_dir/server-<i>.log``.
+    Embedded CPU servers get ``OMP_NUM_THREADS = cpus // (n + 1)`` unless it is set.
     """
     from areal_agents.inference.control import ControlError, wait_healthy
 
@@ -200,6 +201,10 @@ def launch_servers(
     if backend == "sglang":
         check_sglang()
     n = int(cfg.inference.num_servers if n is None else n)
+    env = dict(env or {})
+    if backend == "embedded" and str(cfg.inference.device) == "cpu" and "OMP_NUM_THREADS" not in {**os.environ, **env}:
+        # CPU servers and the trainer share the cores; oversubscribed OpenMP pools busy-wait.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (n + 1)))
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="areal-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
     group = ServerGroup()
