@@ -242,6 +242,8 @@ class InferenceClient:
 
         ``rid`` (e.g. the episode id) keeps the episode's requests on one server.
         """
+        if sampling.get("n", 1) not in (1, None):
+            raise ValueError("InferenceClient.generate makes one completion per call; call it n times instead of n > 1")
         self.stats["requests"] += 1
         prompt = [int(t) for t in input_ids]
         budget = int(sampling.get("max_new_tokens", 128))

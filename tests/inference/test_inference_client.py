@@ -175,6 +175,18 @@ def test_abort_replies_are_resumed_with_the_remaining_budget(faulty: tuple[str, 
     assert gen.info["resumes"] == 1 and hits["generate"] == 2
 
 
+def test_one_client_serves_several_event_loops(faulty: tuple[str, list, Counter]) -> None:
+    addr, replies, hits = faulty
+    replies.append((200, GOOD))
+    client = InferenceClient([addr])
+    for _ in range(3):  # e.g. a rollout thread's loop, then the main thread's
+        gen = run(lambda c: c.generate([1], SAMPLING), client)
+        assert gen.output_ids == [5, 6]
+    assert hits["generate"] == 3 and client._sessions == {}
+    with pytest.raises(ValueError, match="n times"):
+        asyncio.run(client.generate([1], {"n": 2}))
+
+
 def test_no_server_reachable_raises_after_retries() -> None:
     dead = f"127.0.0.1:{free_port()}"
     with pytest.raises(InferenceError, match="attempts"):
