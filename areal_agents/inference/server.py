@@ -107,6 +107,8 @@ async def _generate(request: web.Request) -> web.Response:
     from areal_agents.inference._engine import GenRequest
 
     engine = request.app[_ENGINE]
+    if not engine.alive:
+        return _error(503, f"decode loop is not running: {engine.error!r}")
     body = await _json(request)
     specs, as_list, return_logprob = parse_generate(
         body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len
