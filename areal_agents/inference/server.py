@@ -336,14 +336,30 @@ async def serve(app: web.Application, host: str, port: int, announce: bool = Tru
         await runner.cleanup()
 
 
+def _default_model(env: str) -> Path:
+    """The SFT-warm-started tiny model of ``env`` (built by the trainer package on first use)."""
+    from areal_agents.config_loader import load_config
+    from areal_agents.registry import load_object
+
+    ensure_warm_model = load_object("trainers.sft:ensure_warm_model")
+    return Path(ensure_warm_model(load_config(None, [f"env.name={env}"])))
+
+
 def cli_serve(args: argparse.Namespace) -> int:
-    """``areal-agents serve``: load ``args.model`` and serve it (see the serve subcommand)."""
+    """``areal-agents serve``: load ``args.model`` and serve it (see the serve subcommand).
+
+    Without ``--model`` it serves the tiny default model of ``--env`` (warm-started and
+    cached on first use by ``trainers.sft``).
+    """
     from areal_agents.inference._engine import Engine
 
     if not getattr(args, "model", None):
-        print("error: --model DIR is required (an HF model dir, e.g. one built by `areal-agents sft`)",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        try:
+            args.model = str(_default_model(getattr(args, "env", None) or "math"))
+        except (ImportError, AttributeError, ValueError) as exc:
+            print(f"error: no --model given and the default model is unavailable ({exc}); pass --model DIR",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     path = str(args.model)
     if not (Path(path) / "config.json").is_file():
         print(f"error: --model {path}: no config.json there (not a Hugging Face model dir)", file=sys.stderr)
