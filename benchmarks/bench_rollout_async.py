@@ -8,20 +8,25 @@ so generation and training take comparable time. The bound on the speed-up of ov
 them is ``(T_gen + T_train) / max(T_gen, T_train)``, with ``T_gen``/``T_train`` measured in
 the synchronous run of the same invocation.
 
-    python benchmarks/bench_rollout_async.py [--steps 12]
+    python benchmarks/bench_rollout_async.py [--steps 12] [--backend embedded]
 
-Writes ``benchmarks/results/rollout_async.json`` and ``rollout_async.png``. Target: the
-measured speed-up is ≥ 0.8 of the bound.
+``--backend embedded`` generates with the tiny model on a real embedded server subprocess
+instead (``ignore_eos`` with lognormal ``max_new_tokens``). Writes
+``benchmarks/results/rollout_async[_embedded].json`` and ``.png``. Target: the measured
+speed-up is ≥ 0.8 of the bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,22 +87,37 @@ def response_length(seed: int, median: float, sigma: float, cap: int) -> int:
 def run_mode(eta: int, steps: int, train_s: float, args: argparse.Namespace) -> dict[str, Any]:
     """Run ``steps`` RL steps; returns wall time, time waiting for batches, time training, timeline."""
     from areal_agents.config import RolloutConfig
+    from areal_agents.inference.client import InferenceClient
     from areal_agents.rollout import RolloutExecutor
     from areal_agents.types import Trajectory
 
     engine = SimEngine(args.slots, args.step_ms / 1000)
+    client = InferenceClient([args.address]) if args.address else None
+
+    async def generate(seed: int) -> int:
+        n = response_length(seed, args.median_tokens, args.sigma, args.max_tokens)
+        if client is None:
+            return await engine.generate(n)
+        gen = await client.generate([5, 6, 7, 8], {"max_new_tokens": n, "ignore_eos": True}, rid=f"{eta}-{seed}")
+        engine.tokens += len(gen.output_ids)
+        return len(gen.output_ids)
 
     async def episode(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
-        n = await engine.generate(response_length(seed, args.median_tokens, args.sigma, args.max_tokens))
+        n = await generate(seed)
         traj = Trajectory(input_ids=[1] * (4 + n), loss_mask=[0] * 4 + [1] * n, logprobs=[0.0] * (4 + n),
                           versions=[-1] * 4 + [0] * n, turn_spans=[(4, 4 + n)])
         traj.set_rewards([float(seed % 2)], 1.0)
         return traj
 
+    async def close() -> None:
+        await engine.aclose()
+        if client is not None:
+            await client.aclose()
+
     cfg = RolloutConfig(batch_size=args.batch_size, group_size=args.group_size, max_concurrent_rollouts=args.slots,
                         max_head_offpolicyness=eta, episode_timeout=600.0)
     rows = [{"question": str(i)} for i in range(512)]
-    ex = RolloutExecutor(cfg, episode_fn=episode, rows=rows, seed=args.seed, on_shutdown=[engine.aclose])
+    ex = RolloutExecutor(cfg, episode_fn=episode, rows=rows, seed=args.seed, on_shutdown=[close])
     t_gen = t_train = 0.0
     timeline: list[float] = []
     staleness: list[float] = []
@@ -123,7 +143,7 @@ def run_mode(eta: int, steps: int, train_s: float, args: argparse.Namespace) -> 
             "dropped_groups": stats["rollout/dropped_groups"], "gen_tokens": engine.tokens}
 
 
-def plot(sync: dict[str, Any], asyn: dict[str, Any], bound: float, path: Path) -> None:
+def plot(sync: dict[str, Any], asyn: dict[str, Any], bound: float, path: Path, backend: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,7 +155,8 @@ def plot(sync: dict[str, Any], asyn: dict[str, Any], bound: float, path: Path) -
         ax1.step(ends, range(len(ends)), where="post", label=label)
     ax1.set_xlabel("wall time (s)")
     ax1.set_ylabel("training steps done")
-    ax1.set_title("RL steps over time (same workload)")
+    engine = "simulated engine" if backend == "sim" else "embedded server, tiny model"
+    ax1.set_title(f"RL steps over time (same workload, {engine})")
     ax1.legend()
     speedup = sync["wall_s"] / asyn["wall_s"]
     ax2.bar(["measured", "bound"], [speedup, bound], color=["tab:orange", "tab:gray"])
@@ -144,6 +165,22 @@ def plot(sync: dict[str, Any], asyn: dict[str, Any], bound: float, path: Path) -
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@contextlib.contextmanager
+def embedded_server(max_batch: int) -> Iterator[str]:
+    """The tiny model on a real embedded server subprocess (built into a temp dir)."""
+    from areal_agents.config import ExperimentConfig
+    from areal_agents.inference.launcher import launch_servers
+    from areal_agents.inference.tiny_model import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        texts = [f"What is {a} + {b}? {a + b}" for a in range(30) for b in range(30)]
+        model = build_tiny_model(texts, Path(tmp) / "model")
+        cfg = ExperimentConfig()
+        cfg.inference.max_batch_size = max_batch
+        with launch_servers(cfg, model, 1, log_dir=Path(tmp) / "logs") as group:
+            yield group[0].address
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -158,17 +195,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sigma", type=float, default=0.9, help="lognormal sigma of response lengths")
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--backend", choices=["sim", "embedded"], default="sim",
+                   help="sim: simulated engine; embedded: the tiny model on a real embedded server subprocess")
     args = p.parse_args(argv)
-
-    calib = run_mode(0, 3, 0.0, args)  # how long a synchronous step waits for its batch
-    train_s = calib["gen_wait_s"] / 3
-    sync = run_mode(0, args.steps, train_s, args)
-    asyn = run_mode(args.eta, args.steps, train_s, args)
+    args.address = None
+    with contextlib.ExitStack() as stack:
+        if args.backend == "embedded":
+            args.address = stack.enter_context(embedded_server(args.slots))
+        calib = run_mode(0, 3, 0.0, args)  # how long a synchronous step waits for its batch
+        train_s = calib["gen_wait_s"] / 3
+        sync = run_mode(0, args.steps, train_s, args)
+        asyn = run_mode(args.eta, args.steps, train_s, args)
     t_gen, t_train = sync["gen_wait_s"], sync["train_s"]
     bound = (t_gen + t_train) / max(t_gen, t_train)
     speedup = sync["wall_s"] / asyn["wall_s"]
     result = {
         "benchmark": "rollout_async",
+        "backend": args.backend,
         "workload": {k: getattr(args, k) for k in ("steps", "batch_size", "group_size", "slots", "step_ms",
                                                     "median_tokens", "sigma", "max_tokens", "seed")},
         "train_step_s": train_s,
@@ -179,8 +222,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     result["meets_target"] = result["fraction_of_bound"] >= 0.8
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "rollout_async.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(sync, asyn, bound, RESULTS / "rollout_async.png")
+    stem = "rollout_async" if args.backend == "sim" else "rollout_async_embedded"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(sync, asyn, bound, RESULTS / f"{stem}.png", args.backend)
     print(json.dumps({k: result[k] for k in ("T_gen_s", "T_train_s", "bound", "speedup", "fraction_of_bound",
                                              "meets_target")}, indent=2))
     print(f"sync wall {sync['wall_s']:.2f} s, async wall {asyn['wall_s']:.2f} s, "
