@@ -287,7 +287,7 @@ def test_write_rollouts_jsonl_round_trip(tmp_path):
     out = tmp_path / "sub" / "rollouts.jsonl"
     c = cfg(max_head_offpolicyness=0, batch_size=1, group_size=3)
     with RolloutExecutor(c, episode_fn=timed_episode(0.001), rows=ROWS) as ex:
-        summary = write_rollouts(ex, 10, out, progress=False)
+        summary = write_rollouts(ex, 10, out, progress=True)
         assert ex.bounded_staleness  # restored
     lines = out.read_text().splitlines()
     assert summary["episodes"] == len(lines) == 12  # rounded up to whole groups of 3
