@@ -149,6 +149,8 @@ class Ledger:
         self.submitted = self.accepted = self.failed = self.dropped = 0
         self.failed_by_status: Counter[str] = Counter()
         self.dropped_groups: Counter[str] = Counter()
+        self.failed_streak = 0  # consecutive groups in which every episode failed
+        self.last_error = ""
 
     def fail_unlaunched(self, size: int) -> None:
         """A group cancelled before it started: its episodes end ``aborted``."""
@@ -163,6 +165,12 @@ class Ledger:
                 self.failed_by_status[t.status] += 1
                 n_failed += 1
         self.failed += n_failed
+        if drop_reason != "stale":  # cancelled stale groups say nothing about the env or servers
+            if members and n_failed == len(members):
+                self.failed_streak += 1
+                self.last_error = f"{members[-1].status}: {members[-1].info.get('error', '')}".rstrip(": ")
+            else:
+                self.failed_streak = 0
         if drop_reason:
             self.dropped += len(members) - n_failed
             self.dropped_groups[drop_reason] += 1

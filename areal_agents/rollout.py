@@ -62,7 +62,9 @@ class RolloutExecutor(SchedulerMixin):
     overrides ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown``
     coroutine functions run on the executor's loop at shutdown (e.g. closing an HTTP client
     session that lives on that loop). ``bounded_staleness=False`` limits launches by
-    ``max_concurrent_rollouts`` only (rollout-only mode and evaluation).
+    ``max_concurrent_rollouts`` only (rollout-only mode and evaluation). When every episode of
+    ``max_failed_streak`` groups in a row failed (servers down, a broken env), waiting raises
+    with the last error instead of spinning forever (0 disables).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class RolloutExecutor(SchedulerMixin):
         group_filter: GroupFilter | None = None,
         on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
         bounded_staleness: bool = True,
+        max_failed_streak: int = 32,
         name: str = "rollout",
     ) -> None:
         if cfg.group_size > cfg.max_concurrent_rollouts:
@@ -97,6 +100,7 @@ class RolloutExecutor(SchedulerMixin):
         if self._filter is not None and group_filter is None and cfg.group_size < 2:
             raise ValueError("rollout.group_filter=nonzero_std needs rollout.group_size >= 2")
         self._on_shutdown = list(on_shutdown)
+        self._max_failed_streak = max_failed_streak
         self._G = cfg.group_size
         self._B = cfg.batch_size * cfg.group_size
         self._cond = threading.Condition(threading.Lock())
@@ -246,6 +250,10 @@ class RolloutExecutor(SchedulerMixin):
                     groups = [heapq.heappop(self._ready)[2] for _ in range(count)]
                     self._consumed_groups += count
                     return [g.members() for g in groups]
+                streak = self._ledger.failed_streak
+                if self._max_failed_streak and streak >= self._max_failed_streak:
+                    raise RuntimeError(f"rollout: every episode of the last {streak} groups failed "
+                                       f"(last: {self._ledger.last_error[:300]}); check the env and the servers")
                 if not self._active:  # nothing running: would anything ever start?
                     if not (self._pending or len(self._feeder)):
                         raise RuntimeError(f"rollout executor has no rows left: {len(self._ready)} of {count} "

@@ -150,3 +150,14 @@ def test_a_raising_group_filter_fails_waiters_instead_of_hanging():
     with RolloutExecutor(c, episode_fn=fn, rows=ROWS, group_filter=bad_filter) as ex:
         with pytest.raises(RuntimeError, match="bad filter"):
             ex.prepare_batch(timeout=20)
+
+
+def test_everything_failing_raises_with_the_last_error():
+    fn = make_episode_fn(AddEnv, ChatAgent(max_turns=2),
+                         lambda rid: FailingLLM(InferenceError("/generate failed after 4 attempts (127.0.0.1:1)")))
+    c = RolloutConfig(batch_size=2, group_size=2, max_concurrent_rollouts=8)
+    with RolloutExecutor(c, episode_fn=fn, rows=ROWS, max_failed_streak=5) as ex:
+        with pytest.raises(RuntimeError, match=r"last \d+ groups failed \(last: server_error: InferenceError"):
+            ex.prepare_batch(timeout=20)
+        counts = ex.counts()
+    assert counts["failed"] >= 10 and counts["accepted"] == 0
