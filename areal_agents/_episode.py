@@ -113,6 +113,8 @@ def make_episode_fn(
             return _failed("timeout", f"episode exceeded {episode_timeout} s" if episode_timeout else exc)
         except Exception as exc:
             return _failed(classify_error(exc), exc)
+        except SystemExit as exc:  # an env calling sys.exit() must not stop the rollout event loop
+            return _failed("env_error", f"SystemExit({exc.code!r}) raised in the episode")
 
     return episode_fn
 

@@ -10,19 +10,58 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import math
 import numbers
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import gymnasium
 
-__all__ = ["Env", "EnvCheckError", "Observation", "TextSpace", "check_env", "make_env"]
+__all__ = ["Env", "EnvCheckError", "Observation", "TextSpace", "check_env", "make_env", "run_in_thread"]
 
 Observation = str | list[dict[str, Any]]
 
 DEFAULT_PROBE_ACTIONS = ("42", "", "The answer is \\boxed{7}.", "<python>print(6*7)</python>", "1+2", "50")
+
+
+def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if not fut.done():
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``await fn(*args, **kwargs)`` run on a new daemon thread (like ``asyncio.to_thread``).
+
+    Unlike ``asyncio.to_thread`` it does not use the event loop's bounded default pool: a
+    sync env call that never returns parks one daemon thread of its own, so it can neither
+    starve other episodes of pool threads nor hold up the loop's shutdown. A
+    ``BaseException`` such as ``SystemExit`` raised by ``fn`` arrives as a ``RuntimeError``,
+    so it cannot stop the caller's event loop.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, ctx.run(fn, *args, **kwargs))
+        except Exception as exc:
+            outcome = (False, exc)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit etc. must not reach the loop
+            outcome = (False, RuntimeError(f"{type(exc).__name__} raised in {getattr(fn, '__name__', fn)}: {exc}"))
+        try:
+            loop.call_soon_threadsafe(_deliver, fut, *outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for the result any more
+            pass
+
+    threading.Thread(target=work, name=f"env-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return await fut
 
 
 class TextSpace(gymnasium.spaces.Space):
@@ -61,7 +100,8 @@ class Env(gymnasium.Env):
     ``reset(seed=None, options=row)`` starts an episode for the dataset ``row``; with
     ``options=None`` it draws a row of the default dataset (seeded). ``step(text)`` returns
     ``(observation, reward, terminated, truncated, info)``. :meth:`areset` / :meth:`astep`
-    run the sync methods in a worker thread; override them for natively async envs.
+    run the sync methods on a thread of their own (:func:`run_in_thread`); override them for
+    natively async envs.
     """
 
     metadata = {"render_modes": []}
@@ -85,10 +125,10 @@ class Env(gymnasium.Env):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
-        return await asyncio.to_thread(self.reset, seed=seed, options=options)
+        return await run_in_thread(self.reset, seed=seed, options=options)
 
     async def astep(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        return await asyncio.to_thread(self.step, action)
+        return await run_in_thread(self.step, action)
 
     def close(self) -> None:
         """Release resources (sandboxes, files); the default does nothing."""

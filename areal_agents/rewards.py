@@ -5,7 +5,9 @@ A reward is ``fn(completion: str, **row) -> float`` registered with
 that hangs is killed after ``timeout`` seconds (its worker is replaced, so one hang costs
 one timeout), and a crash, a non-number or a NaN becomes a counted failure
 (:class:`RewardResult` with status ``timeout`` or ``reward_error``) instead of a stuck or
-crashed run.
+crashed run. Each worker's address space is capped (``RLIMIT_AS``, ``memory_mb``), so a reward
+that allocates without bound gets a ``MemoryError`` (a counted ``reward_error``) instead of
+exhausting the machine's memory.
 """
 
 from __future__ import annotations
@@ -151,8 +153,22 @@ def _check_value(value: Any) -> float:
     return result
 
 
-def _worker_main(conn: Any) -> None:
+def _limit_memory(memory_bytes: int | None) -> None:
+    """Cap this process's address space at ``memory_bytes`` (soft and hard limit; Linux/macOS)."""
+    if not memory_bytes:
+        return
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _worker_main(conn: Any, memory_bytes: int | None = None) -> None:
     """Worker process loop: receive ``(fn, completion, row)``, send ``(ok, value_or_error)``."""
+    _limit_memory(memory_bytes)
     while True:
         try:
             job = conn.recv_bytes()
@@ -172,9 +188,9 @@ def _worker_main(conn: Any) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, memory_bytes: int | None = None) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="reward-worker")
+        self.proc = ctx.Process(target=_worker_main, args=(child, memory_bytes), daemon=True, name="reward-worker")
         self.proc.start()
         child.close()
 
@@ -202,14 +218,20 @@ class RewardRunner:
     be used from ``env.step`` running in a worker thread; :meth:`acompute` is the asyncio
     form. Workers start on first use with the ``forkserver`` start method (never ``fork``
     from a threaded process). Functions must be picklable (defined at module top level);
-    ``stats`` counts ``ok`` / ``reward_error`` / ``timeout`` outcomes.
+    ``stats`` counts ``ok`` / ``reward_error`` / ``timeout`` outcomes. ``memory_mb`` caps each
+    worker's address space (``RLIMIT_AS``; ``None`` for no cap): a reward that allocates past
+    it fails with ``MemoryError`` (``reward_error``) and the worker keeps serving.
     """
 
-    def __init__(self, timeout: float = 10.0, max_workers: int = 2, start_method: str = "forkserver") -> None:
+    def __init__(self, timeout: float = 10.0, max_workers: int = 2, start_method: str = "forkserver",
+                 memory_mb: int | None = 4096) -> None:
         if timeout <= 0:
             raise ValueError(f"RewardRunner: timeout must be > 0 (got {timeout})")
         if max_workers < 1:
             raise ValueError(f"RewardRunner: max_workers must be >= 1 (got {max_workers})")
+        if memory_mb is not None and memory_mb < 1:
+            raise ValueError(f"RewardRunner: memory_mb must be >= 1 or None (got {memory_mb})")
+        self.memory_mb = memory_mb
         self.timeout = float(timeout)
         self.max_workers = int(max_workers)
         self._ctx = multiprocessing.get_context(start_method)
@@ -239,7 +261,7 @@ class RewardRunner:
             if worker is None or not worker.proc.is_alive():
                 if worker is not None:
                     worker.kill()
-                worker = _Worker(self._ctx)
+                worker = _Worker(self._ctx, None if self.memory_mb is None else self.memory_mb * 2**20)
             try:
                 worker.conn.send_bytes(job)
                 if not worker.conn.poll(self.timeout):
