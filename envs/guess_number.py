@@ -11,6 +11,14 @@ from areal_agents.env import Env
 __all__ = ["GuessNumberEnv", "guess_number_dataset"]
 
 _INT = re.compile(r"-?\d+")
+_MAX_DIGITS = 30  # longer numbers are clamped: int() refuses > 4300 digits, and no target is that big
+
+
+def _guess(text: str) -> int:
+    """The integer in ``text`` (a ``_INT`` match), clamped to ±10**30."""
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        return -(10**_MAX_DIGITS) if text.startswith("-") else 10**_MAX_DIGITS
+    return int(text)
 
 
 def guess_number_dataset(
@@ -77,7 +85,7 @@ class GuessNumberEnv(Env):
         if not numbers:
             obs = "Reply with one number."
         else:
-            guess = int(numbers[-1])
+            guess = _guess(numbers[-1])
             if guess == target:
                 self.done = True
                 info["success"] = True
