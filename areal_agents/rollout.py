@@ -103,7 +103,7 @@ class RolloutExecutor(SchedulerMixin):
         self._max_failed_streak = max_failed_streak
         self._G = cfg.group_size
         self._B = cfg.batch_size * cfg.group_size
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threading.Condition(threading.RLock())  # reentrant: state_dict() from a signal handler
         self._thread: LoopThread | None = None
         self._state = "new"  # new -> running -> closing -> closed
         self._error: BaseException | None = None

@@ -250,8 +250,8 @@ def test_shutdown_cancels_everything_and_leaks_nothing():
 
     async def episode(row, seed, episode_id):
         started.append(episode_id)
-        await asyncio.to_thread(time.sleep, 0.001)  # uses the loop's default thread pool
         try:
+            await asyncio.to_thread(time.sleep, 0.001)  # uses the loop's default thread pool
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
             cancelled.append(episode_id)
