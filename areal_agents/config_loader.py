@@ -23,9 +23,15 @@ __all__ = ["config_fields", "config_reference", "load_config", "to_yaml"]
 T = TypeVar("T")
 
 
+def _first_line(text: str, exc: BaseException) -> str:
+    """The first non-empty line of ``text`` (the exception's type name when there is none)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigError:
     key = getattr(exc, "full_key", None) or fallback_key or "config"
-    msg = str(getattr(exc, "msg", None) or exc).splitlines()[0].strip()
+    msg = _first_line(str(getattr(exc, "msg", None) or exc), exc)
     if type(exc).__name__ == "ConfigKeyError" and "not in struct" in msg or "Key '" in msg and "not in" in msg:
         msg = "unknown key"
     return ConfigError(key, msg)
@@ -86,7 +92,7 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
         except OmegaConfBaseException as exc:
             raise _omega_error(exc, key) from None
         except Exception as exc:  # the value's YAML does not parse
-            raise ConfigError(key, f"cannot parse value {value!r}: {str(exc).splitlines()[0]}") from None
+            raise ConfigError(key, f"cannot parse value {value!r}: {_first_line(str(exc), exc)}") from None
     return merged
 
 
@@ -103,14 +109,17 @@ def _materialise(node: DictConfig, prefix: str) -> Any:
     except OmegaConfBaseException as exc:
         raise _omega_error(exc, prefix.rstrip(".")) from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(prefix.rstrip(".") or "config", str(exc).splitlines()[0]) from None
+        raise ConfigError(prefix.rstrip(".") or "config", _first_line(str(exc), exc)) from None
 
 
 def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
     """Defaults of the named algorithm chosen in ``layers`` (spec.defaults), if registered."""
     name = "grpo"
     for layer in layers:
-        value = OmegaConf.select(layer, "algorithm.name", default=None)
+        try:
+            value = OmegaConf.select(layer, "algorithm.name", default=None)
+        except OmegaConfBaseException as exc:
+            raise _omega_error(exc, "algorithm.name") from None
         if value is not None:
             name = str(value)
     from areal_agents.registry import RegistryError, algorithms
@@ -143,8 +152,10 @@ def load_config(
             raise ConfigError("--config", f"file not found: {config_file}")
         try:
             loaded = OmegaConf.load(os.fspath(config_file))
+        except AssertionError:  # OmegaConf's answer to a top-level scalar
+            raise ConfigError("--config", f"{config_file} must hold a mapping of sections") from None
         except Exception as exc:  # yaml.YAMLError and friends
-            raise ConfigError("--config", f"cannot parse {config_file}: {str(exc).splitlines()[0]}") from None
+            raise ConfigError("--config", f"cannot parse {config_file}: {_first_line(str(exc), exc)}") from None
         if not isinstance(loaded, DictConfig):
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections")
         layers.append(loaded)

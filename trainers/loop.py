@@ -78,7 +78,8 @@ def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: lis
     if spec.needs_critic:
         batch["values"] = engine.compute_values(batch)
     batch["advantages"] = spec.advantage_fn()(batch, cfg.algorithm)
-    return engine.train_batch(batch, spec.loss_fn())
+    stats = engine.train_batch(batch, spec.loss_fn())
+    return {k if "/" in k else f"train/{k}": v for k, v in stats.items()}
 
 
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -119,7 +120,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         client = InferenceClient(addresses, schedule=cfg.inference.schedule, timeout=cfg.inference.request_timeout,
                                  retries=cfg.inference.request_retries)
         episode_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg))
-        executor = RolloutExecutor(cfg.rollout, episode_fn=episode_fn, rows=train_rows, seed=cfg.seed)
+        executor = RolloutExecutor(cfg.rollout, episode_fn=episode_fn, rows=train_rows, seed=cfg.seed, shuffle=cfg.data.shuffle,
+                                   on_shutdown=[client.aclose], bounded_staleness=cfg.mode == "full")
         stack.callback(executor.shutdown)
 
         if cfg.mode == "rollout":  # inference-only debug mode: write trajectories
@@ -154,7 +156,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             # 4. One step: a batch of finished groups, then the update.
             t0 = time.monotonic()
             groups = executor.prepare_batch()
-            trajs = [t for group in groups for t in group]
+            trajs = [t for group in groups for t in group if t.input_ids]
             t1 = time.monotonic()
             metrics = train_step(engine, spec, cfg, trajs)
             t2 = time.monotonic()
