@@ -124,7 +124,14 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse fills a "*" positional from one run of arguments only: key=value after
+        # an option (``config check --config F a.b=1``) comes back unparsed, yet is an override
+        if hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+            args.overrides = [*(args.overrides or []), *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "list":
             return _cmd_list(args)

@@ -41,7 +41,8 @@ class ConfigError(ValueError):
     """A config value breaks a rule; ``key`` is the (possibly partial) dotted key."""
 
     def __init__(self, key: str, rule: str) -> None:
-        super().__init__(f"{key}: {rule}")
+        # an empty key or one with control characters is shown quoted, so the message stays one line
+        super().__init__(f"{key if key and key.isprintable() else repr(key)}: {rule}")
         self.key = key
         self.rule = rule
 

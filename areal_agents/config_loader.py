@@ -71,9 +71,11 @@ def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
                 first = next(iter(child.keys()))
                 full, child = f"{full}.{first!s}", child._get_node(first)
             raise _unknown_key(full, known)
-        if known[full]:  # free-form mapping such as env.kwargs
-            continue
         child = node._get_node(key)
+        if known[full]:  # free-form mapping such as env.kwargs
+            if not isinstance(child, DictConfig) and not (child is None or child._is_none()):
+                raise ConfigError(full, "must be a mapping of key: value")
+            continue
         is_section = any(k.startswith(full + ".") for k in known)
         if is_section and not isinstance(child, DictConfig):
             raise ConfigError(full, "is a section: set its fields, e.g. " + next(k for k in known if k.startswith(full + ".")) + "=...")
