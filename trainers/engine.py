@@ -105,12 +105,16 @@ class ShardedModel:
         if a.gradient_checkpointing and lr is not None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[a.dtype], reduce_dtype=DTYPES[a.grad_reduce_dtype])
-        layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-        if not layers:
-            raise ValueError(f"{type(model).__name__}: no *DecoderLayer modules to shard")
-        for layer in layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+        # One rank in float32 has nothing to shard or cast: the plain module is the same maths
+        # without FSDP's per-layer copies (about 1.5x faster for the tiny model on CPU).
+        self.sharded = mesh.size() > 1 or a.dtype != "float32" or a.grad_reduce_dtype != "float32"
+        if self.sharded:
+            layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+            if not layers:
+                raise ValueError(f"{type(model).__name__}: no *DecoderLayer modules to shard")
+            for layer in layers:
+                fully_shard(layer, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
         self.model = model
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None

@@ -93,9 +93,11 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
     model_path = cfg.actor.path or str(ensure_warm_model(cfg))
-    from transformers import AutoTokenizer
+    import transformers
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    transformers.utils.logging.disable_progress_bar()
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = algorithms.get(cfg.algorithm.name)
     set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))
     logger = MetricsLogger(run_dir, cfg.logging, config={"experiment": cfg.experiment_name})
@@ -168,7 +170,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             executor.resume()
             step += 1
             n_tokens = sum(t.num_tokens for t in trajs)
-            metrics.update(executor.stats(), {
+            metrics.update(executor.stats())
+            metrics.update({
                 "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
                 "time/sync_s": time.monotonic() - t2, "perf/train_tokens_per_s": n_tokens / max(t2 - t1, 1e-9),
             })

@@ -53,22 +53,25 @@ def test_micro_batches_do_not_change_the_loss(model_dir: Path) -> None:
     assert a["loss"] < one.train_batch(trajs, nll_loss_fn)["loss"] + 1.0  # it trains without diverging
 
 
-@pytest.mark.parametrize("hsdp", [1, 2], ids=["fsdp", "hsdp"])
-def test_two_ranks_equal_one_process(model_dir: Path, tmp_path: Path, hsdp: int) -> None:
-    # A tiny token budget gives the ranks different numbers of micro-batches (empty ones are padded).
-    actor = {"max_tokens_per_mb": 70, "hsdp_replicate": hsdp}
+def test_two_ranks_equal_one_process(model_dir: Path, tmp_path: Path) -> None:
+    # Full sharding (mesh 2) and HSDP (2 replicas x 1 shard), in the same two processes. A tiny
+    # token budget gives the ranks different numbers of micro-batches (empty ones are padded).
+    actors = [{"max_tokens_per_mb": 70, "hsdp_replicate": 1}, {"max_tokens_per_mb": 70, "hsdp_replicate": 2}]
     out = tmp_path / "two.pt"
-    spawn(train_worker, 2, str(model_dir), str(out), 3, actor)
-    two = torch.load(out)
+    spawn(train_worker, 2, str(model_dir), str(out), 3, actors)
+    results = torch.load(out)
     single = TrainEngine(make_cfg(max_tokens_per_mb=70), model_dir)
+    assert not single.actor.sharded  # one float32 rank runs the plain module
     torch.manual_seed(0)
     losses = [single.train_batch(step_batch(s), nll_loss_fn)["loss"] for s in range(3)]
-    assert two["losses"] == pytest.approx(losses, rel=1e-5)
-    torch.testing.assert_close(two["logp"], single.compute_logprobs(step_batch(3)), atol=1e-5, rtol=1e-5)
+    logp = single.compute_logprobs(step_batch(3))
     mine = single.full_state_dict()
-    assert set(two["state"]) == set(mine)
-    for k, v in mine.items():
-        torch.testing.assert_close(two["state"][k], v, atol=1e-4, rtol=1e-4)  # Adam steps are ~lr=1e-2
+    for two in results:
+        assert two["losses"] == pytest.approx(losses, rel=1e-5)
+        torch.testing.assert_close(two["logp"], logp, atol=1e-5, rtol=1e-5)
+        assert set(two["state"]) == set(mine)
+        for k, v in mine.items():
+            torch.testing.assert_close(two["state"][k], v, atol=1e-4, rtol=1e-4)  # Adam steps are ~lr=1e-2
 
 
 def test_export_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -> None:
@@ -135,3 +138,14 @@ def test_grpo_step_is_invariant_to_micro_batches(model_dir: Path) -> None:
     for k in ("train/clip_frac", "train/imp_weight_mean", "train/entropy"):
         assert one[k] == pytest.approx(many[k], rel=1e-5, abs=1e-7)
     assert one["grad_norm"] == pytest.approx(many["grad_norm"], rel=1e-4) and one["grad_norm"] > 0
+
+
+def test_bfloat16_mixed_precision_keeps_float32_master_weights(model_dir: Path) -> None:
+    trajs = make_trajs(8, seed=4)
+    fp32 = TrainEngine(make_cfg(), model_dir)
+    bf16 = TrainEngine(make_cfg(dtype="bfloat16"), model_dir)
+    assert bf16.actor.sharded and not fp32.actor.sharded
+    a, b = fp32.train_batch(trajs, nll_loss_fn), bf16.train_batch(trajs, nll_loss_fn)
+    assert b["loss"] == pytest.approx(a["loss"], rel=2e-2)
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # sharded master copy
+    assert all(opt_state["exp_avg"].dtype == torch.float32 for opt_state in bf16.actor.optimizer.state.values())

@@ -82,18 +82,22 @@ def step_batch(step: int) -> list[Trajectory]:
     return trajs
 
 
-def train_worker(rank: int, world: int, model_path: str, out_file: str, steps: int, actor: dict[str, Any]) -> None:
-    """Spawned rank: ``steps`` training steps on :func:`step_batch`; rank 0 saves the losses,
-    logprobs of the last batch and the full final state dict to ``out_file``."""
+def train_worker(rank: int, world: int, model_path: str, out_file: str, steps: int,
+                 actors: list[dict[str, Any]]) -> None:
+    """Spawned rank: for each actor config, ``steps`` training steps on :func:`step_batch`;
+    rank 0 saves, per config, the losses, logprobs of the next batch and the full final
+    state dict to ``out_file``."""
     from trainers.engine import TrainEngine
 
-    engine = TrainEngine(make_cfg(nproc=world, **actor), model_path)
-    torch.manual_seed(0)
-    losses = [engine.train_batch(step_batch(s), nll_loss_fn)["loss"] for s in range(steps)]
-    logp = engine.compute_logprobs(step_batch(steps))
-    state = engine.full_state_dict()
+    results = []
+    for actor in actors:
+        engine = TrainEngine(make_cfg(nproc=world, **actor), model_path)
+        torch.manual_seed(0)
+        losses = [engine.train_batch(step_batch(s), nll_loss_fn)["loss"] for s in range(steps)]
+        logp = engine.compute_logprobs(step_batch(steps))
+        results.append({"losses": losses, "logp": logp, "state": engine.full_state_dict()})
     if rank == 0:
-        torch.save({"losses": losses, "logp": logp, "state": state}, out_file)
+        torch.save(results, out_file)
 
 
 def _main() -> None:

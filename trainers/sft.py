@@ -1,0 +1,261 @@
+"""Supervised fine-tuning (loss on completion tokens only) and the warm start of the tiny default model.
+
+``ensure_warm_model(cfg)`` is what ``areal-agents run`` calls without ``actor.path``: it builds
+the tiny model for the env's text (:mod:`areal_agents.inference.tiny_model`), renders each
+training row as ``chat_template([user: prompt], add_generation_prompt) + reference + eos``,
+fine-tunes on that, and caches the result under a hash of (env, dataset, SFT config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_agents.config import ExperimentConfig, SFTConfig
+from areal_agents.types import Trajectory
+
+__all__ = ["cli_sft", "ensure_warm_model", "greedy_accuracy", "render_examples", "sft_loss", "sft_train"]
+
+Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str]
+_WARM_VERSION = 1  # bump when the warm start recipe changes, so cached models are rebuilt
+
+
+def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
+             entropy: torch.Tensor | None = None, values: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean NLL over completion tokens of the whole batch: ``-Σ mask·logp / norm.tokens``.
+
+    ``logp``/``mb["loss_mask"]`` are [B,T]; metrics are global sums like the RL losses'.
+    """
+    mask = mb["loss_mask"]
+    loss = -torch.where(mask, logp, torch.zeros_like(logp)).sum() / max(norm.tokens, 1.0)
+    return loss, {"sft/nll": float(loss.detach())}
+
+
+def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for i, (prompt, completion) in enumerate(examples):
+        if isinstance(prompt, str) != isinstance(completion, str):
+            raise ValueError(f"example {i}: prompt and completion must both be text or both token ids")
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError("text examples need a tokenizer")
+            p = tokenizer.encode(prompt, add_special_tokens=False)
+            c = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+        else:
+            p, c = [int(t) for t in prompt], [int(t) for t in completion]
+        if not p or not c:
+            raise ValueError(f"example {i}: prompt and completion must be non-empty")
+        out.append((p, c))
+    return out
+
+
+def _trajectory(prompt: list[int], completion: list[int]) -> Trajectory:
+    n_p, n_c = len(prompt), len(completion)
+    return Trajectory(input_ids=prompt + completion, loss_mask=[0] * n_p + [1] * n_c, logprobs=[0.0] * (n_p + n_c),
+                      versions=[-1] * n_p + [0] * n_c, turn_spans=[(n_p, n_p + n_c)])
+
+
+def _sft_experiment(cfg: ExperimentConfig | None, sft: SFTConfig) -> ExperimentConfig:
+    base = cfg if cfg is not None else ExperimentConfig()
+    actor = dataclasses.replace(base.actor, lr=sft.lr, warmup_steps=sft.warmup_steps, lr_schedule="cosine")
+    algo = dataclasses.replace(base.algorithm, kl_ctl=0.0)
+    return dataclasses.replace(base, actor=actor, algorithm=algo)
+
+
+def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], sft: SFTConfig, out_dir: str | os.PathLike[str],
+              *, cfg: ExperimentConfig | None = None, tokenizer: Any = None,
+              eval_fn: Callable[[Any], dict[str, float]] | None = None, progress: bool = True,
+              seed: int = 0) -> dict[str, Any]:
+    """Fine-tune ``model_path`` on ``examples`` and export the result to ``out_dir`` (atomic).
+
+    ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos) or
+    ``(prompt_text, completion_text)`` (tokenised without special tokens, eos appended).
+    ``sft.steps`` steps of ``sft.batch_size`` examples (seeded epochs), AdamW at ``sft.lr``
+    with warmup + cosine decay, on the FSDP2 engine (``cfg`` gives the actor/trainer
+    settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end.
+    Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir}``.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from trainers.engine import TrainEngine
+
+    if not examples:
+        raise ValueError("sft_train needs at least one example")
+    if tokenizer is None and isinstance(examples[0][0], str):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pairs = _to_ids(examples, tokenizer)
+    exp = _sft_experiment(cfg, sft)
+    engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps), lr=sft.lr)
+    rng = random.Random(seed)
+    order: list[int] = []
+    history: dict[str, Any] = {"loss": [], "evals": []}
+    t0 = time.monotonic()
+    columns = (TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[acc]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=not progress or engine.rank != 0, transient=False) as bar:
+        task = bar.add_task("sft", total=sft.steps, loss=float("nan"), acc="")
+        for step in range(sft.steps):
+            batch = []
+            for _ in range(sft.batch_size):
+                if not order:
+                    order = list(range(len(pairs)))
+                    rng.shuffle(order)
+                batch.append(_trajectory(*pairs[order.pop()]))
+            metrics = engine.train_batch(batch, sft_loss, temperature=1.0, n_minibatches=1)
+            history["loss"].append(metrics["loss"])
+            bar.update(task, advance=1, loss=metrics["loss"])
+            if eval_fn is not None and sft.eval_every and (step + 1) % sft.eval_every == 0 and step + 1 < sft.steps:
+                result = {"step": step + 1, **eval_fn(engine.model)}
+                history["evals"].append(result)
+                bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
+        if eval_fn is not None:
+            result = {"step": sft.steps, **eval_fn(engine.model)}
+            history["evals"].append(result)
+            bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
+    history["seconds"] = time.monotonic() - t0
+    history["path"] = str(engine.export_hf(out_dir))
+    return history
+
+
+@torch.no_grad()
+def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]],
+                    prompts: Sequence[list[int]], max_new_tokens: int = 16, batch_size: int = 64) -> float:
+    """Fraction of ``rows`` whose greedy completion gets reward >= 1 from ``env.step``.
+
+    ``prompts`` are the rendered prompt ids of ``rows`` (left-padded here for ``generate``).
+    """
+    was_training = model.training
+    model.eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    hits = 0
+    try:
+        for start in range(0, len(rows), batch_size):
+            chunk = prompts[start : start + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk])
+            attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+            for row, seq in zip(rows[start : start + batch_size], out[:, width:].tolist(), strict=True):
+                text = tokenizer.decode(seq, skip_special_tokens=True)
+                env.reset(options=row)
+                hits += env.step(text)[1] >= 1.0
+    finally:
+        model.train(was_training)
+    return hits / max(1, len(rows))
+
+
+def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]]
+                    ) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
+    """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion, and the
+    rendered prompt ids of every row (chat template with the generation prompt)."""
+    prompts, examples = [], []
+    for row in rows:
+        messages = ([{"role": "system", "content": cfg.agent.system_prompt}] if cfg.agent.system_prompt else [])
+        messages.append({"role": "user", "content": str(row["prompt"])})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        p = tokenizer.encode(text, add_special_tokens=False)
+        prompts.append(p)
+        ref = env.reference_completion(row)
+        if ref is not None:
+            examples.append((p, tokenizer.encode(ref, add_special_tokens=False) + [tokenizer.eos_token_id]))
+    return examples, prompts
+
+
+def _warm_key(cfg: ExperimentConfig, base: Path) -> str:
+    blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": cfg.env.kwargs, "data": dataclasses.asdict(cfg.data),
+                       "sft": {k: v for k, v in dataclasses.asdict(cfg.sft).items() if k != "output_dir"},
+                       "system": cfg.agent.system_prompt, "base": base.name, "seed": cfg.seed},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True) -> Path:
+    """The SFT-warm-started tiny model for ``cfg.env`` (built and cached on first use).
+
+    Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
+    data and SFT config. The finished model dir appears atomically, with ``sft_report.json``.
+    """
+    from transformers import AutoTokenizer
+
+    from areal_agents.data import load_dataset_rows
+    from areal_agents.env import make_env
+    from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
+
+    sft = cfg.sft
+    data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, sft.steps * sft.batch_size))
+    cfg_rows = dataclasses.replace(cfg, data=data)
+    train_rows = load_dataset_rows(cfg_rows, "train")
+    test_rows = load_dataset_rows(cfg, "test")[:200]
+    env = make_env(cfg.env.name, **cfg.env.kwargs)
+
+    def texts() -> list[str]:
+        seen = train_rows[:5000]
+        return [str(r["prompt"]) + " " + str(env.reference_completion(r) or "") for r in seen]
+
+    base = ensure_tiny_model(cfg.env.name, texts)
+    out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base)}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    examples, _ = render_examples(cfg, tokenizer, env, train_rows)
+    if not examples:
+        raise ValueError(f"env {cfg.env.name!r} gives no reference_completion for its rows: cannot warm-start; "
+                         "set actor.path to a model")
+    _, test_prompts = render_examples(cfg, tokenizer, env, test_rows)
+    eval_fn = None
+    if test_rows:
+        def eval_fn(model: Any) -> dict[str, float]:
+            return {"acc": greedy_accuracy(model, tokenizer, env, test_rows, test_prompts)}
+    report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
+                       seed=cfg.seed)
+    summary = {"steps": sft.steps, "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
+               "evals": report["evals"], "base_model": str(base)}
+    tmp = out / ".sft_report.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    os.replace(tmp, out / "sft_report.json")
+    return out
+
+
+def cli_sft(args: argparse.Namespace) -> int:
+    """``areal-agents sft --env NAME [key=value ...]``: warm-start the tiny model (or, with
+    ``actor.path``, fine-tune that model on the env's reference completions)."""
+    from rich.console import Console
+
+    from areal_agents.cli import load_args_config
+
+    cfg = load_args_config(args)
+    console = Console()
+    if cfg.actor.path is None:
+        path = ensure_warm_model(cfg, progress=cfg.logging.progress)
+    else:
+        from transformers import AutoTokenizer
+
+        from areal_agents.data import load_dataset_rows
+        from areal_agents.env import make_env
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.actor.path)
+        env = make_env(cfg.env.name, **cfg.env.kwargs)
+        examples, _ = render_examples(cfg, tokenizer, env, load_dataset_rows(cfg, "train"))
+        path = Path(cfg.sft.output_dir or Path(cfg.run_dir) / "sft")
+        sft_train(cfg.actor.path, examples, cfg.sft, path, cfg=cfg, tokenizer=tokenizer, progress=cfg.logging.progress,
+                  seed=cfg.seed)
+    report = path / "sft_report.json"
+    if report.is_file():
+        console.print(json.loads(report.read_text()))
+    console.print(f"[bold green]model:[/] {path}")
+    return 0
