@@ -6,6 +6,8 @@
 * :class:`NcclWeightSync` — the SGLang GPU path: ``/init_weights_update_group`` once, then per
   version ``/update_weights_from_distributed {names, dtypes, shapes, group_name, weight_version}``
   while rank 0 broadcasts each full tensor over an NCCL group that includes the servers.
+
+Requests go through :mod:`areal_agents.inference.control`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainers import dist as tdist
+from trainers.engine import DTYPES
 
 if TYPE_CHECKING:
     from trainers.engine import TrainEngine
@@ -136,90 +139,76 @@ class NcclWeightSync(WeightSync):
 
     ``server_world`` is the number of GPU ranks per server (``sglang.tp_size``). The group has
     ``1 + len(addresses) * server_world`` members; rank 0 is the trainer, server ``i`` starts
-    at ``rank_offset = 1 + i * server_world``. ``post`` sends one JSON request (injectable for
-    tests; defaults to httpx).
+    at ``rank_offset = 1 + i * server_world``. Needs CUDA (the embedded CPU server answers
+    these endpoints with an error).
     """
 
     def __init__(self, addresses: Sequence[str], *, master_address: str, master_port: int, server_world: int = 1,
-                 group_name: str = "areal_agents_weights", backend: str = "nccl",
-                 post: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 group_name: str = "areal_agents_weights") -> None:
         self.addresses, self.server_world = list(addresses), server_world
-        self.master_address, self.master_port = master_address, master_port
-        self.group_name, self.backend = group_name, backend
-        self.post = post or _http_post
+        self.master_address, self.master_port, self.group_name = master_address, master_port, group_name
         self.group: Any = None
 
     @property
     def world_size(self) -> int:
         return 1 + len(self.addresses) * self.server_world
 
-    def init_group_requests(self) -> list[tuple[str, dict[str, Any]]]:
-        """``(address, body)`` of ``/init_weights_update_group`` for every server."""
-        return [(addr, {"master_address": self.master_address, "master_port": self.master_port,
-                        "rank_offset": 1 + i * self.server_world, "world_size": self.world_size,
-                        "group_name": self.group_name, "backend": self.backend})
-                for i, addr in enumerate(self.addresses)]
+    def init_group_payloads(self) -> list[dict[str, Any]]:
+        """Body of ``/init_weights_update_group`` for each server, in ``addresses`` order."""
+        return [_control().init_weights_update_group_payload(
+                    self.master_address, self.master_port, 1 + i * self.server_world, self.world_size,
+                    group_name=self.group_name, backend="nccl")
+                for i in range(len(self.addresses))]
 
-    def update_request(self, state: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
-        """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in order."""
-        return {"names": list(state), "dtypes": [str(t.dtype).removeprefix("torch.") for t in state.values()],
-                "shapes": [list(t.shape) for t in state.values()], "group_name": self.group_name,
-                "flush_cache": True, "weight_version": str(version)}
+    def update_payload(self, state: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
+        """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast order."""
+        return _control().update_weights_from_distributed_payload(
+            list(state), [t.dtype for t in state.values()], [list(t.shape) for t in state.values()],
+            version=version, group_name=self.group_name)
 
-    def _concurrently(self, path: str, bodies: list[tuple[str, dict[str, Any]]], then: Callable[[], None]) -> None:
+    @staticmethod
+    def _while(request: Callable[[], None], work: Callable[[], None]) -> None:
+        """Run the blocking HTTP ``request`` in a thread while this thread does ``work``."""
         errors: list[BaseException] = []
 
-        def call(addr: str, body: dict[str, Any]) -> None:
+        def call() -> None:
             try:
-                res = self.post(addr, path, body)
-                if not res.get("success", True):
-                    raise RuntimeError(f"{addr}{path}: {res.get('message')}")
+                request()
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=call, args=ab, daemon=True) for ab in bodies]
-        for t in threads:
-            t.start()
-        then()
-        for t in threads:
-            t.join()
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        work()
+        thread.join()
         if errors:
             raise errors[0]
 
     def init_group(self) -> None:
         """Servers join while rank 0 creates its side of the group (both block until all meet)."""
         def create() -> None:
-            store = torch.distributed.TCPStore(self.master_address, self.master_port, self.world_size,
-                                               is_master=True)
-            prefix = torch.distributed.PrefixStore(self.group_name, store)
-            self.group = torch.distributed.ProcessGroupNCCL(prefix, 0, self.world_size)
+            store = torch.distributed.TCPStore(self.master_address, self.master_port, self.world_size, is_master=True)
+            self.group = torch.distributed.ProcessGroupNCCL(torch.distributed.PrefixStore(self.group_name, store), 0,
+                                                            self.world_size)
 
-        self._concurrently("/init_weights_update_group", self.init_group_requests(), create)
+        payloads = self.init_group_payloads()
+        self._while(lambda: _control().init_weights_update_group(self.addresses, payloads), create)
 
     def sync(self, engine: TrainEngine, version: int) -> None:
         state = engine.full_state_dict()
         if engine.rank == 0:
             if self.group is None:
                 self.init_group()
-            dtype = next(iter(state.values())).dtype
+            dtype = DTYPES[engine.cfg.actor.dtype]
             state = {k: v.to(dtype) for k, v in state.items()}
-            body = self.update_request(state, version)
+            payload = self.update_payload(state, version)
 
             def broadcast() -> None:
                 for t in state.values():
                     self.group.broadcast([t.cuda()], 0).wait()
 
-            self._concurrently("/update_weights_from_distributed", [(a, body) for a in self.addresses], broadcast)
+            self._while(lambda: _control().update_weights_from_distributed(self.addresses, payload), broadcast)
         tdist.barrier()
-
-
-def _http_post(addr: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    import httpx
-
-    base = addr if addr.startswith("http") else f"http://{addr}"
-    res = httpx.post(base + path, json=body, timeout=600.0)
-    res.raise_for_status()
-    return dict(res.json())
 
 
 def make_weight_sync(cfg: Any, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
