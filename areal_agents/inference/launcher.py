@@ -98,6 +98,7 @@ class ServerHandle:
     address: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    log_offset: int = 0  # the log is appended to: this launch's output starts here
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -174,7 +175,9 @@ def _start(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subpro
 def _wait_announced(handle: ServerHandle, deadline: float) -> str:
     """Wait for the embedded server's ``serving on`` line; return ``host:port``."""
     while time.monotonic() < deadline:
-        match = _SERVING.search(handle.log_path.read_text(errors="replace"))
+        with open(handle.log_path, "rb") as fh:
+            fh.seek(handle.log_offset)
+            match = _SERVING.search(fh.read().decode(errors="replace"))
         if match:
             return f"{match.group(1)}:{match.group(2)}"
         if not handle.alive:
@@ -214,7 +217,8 @@ def launch_servers(
             port = 0 if backend == "embedded" else free_port(cfg.inference.host)
             cmd = embedded_command(cfg, model_path) if backend == "embedded" else sglang_command(cfg, model_path, port, i)
             log_path = logs / f"server-{i}.log"
-            handle = ServerHandle(f"{cfg.inference.host}:{port}", _start(cmd, log_path, env), log_path)
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            handle = ServerHandle(f"{cfg.inference.host}:{port}", _start(cmd, log_path, env), log_path, offset)
             _LIVE.add(handle)
             group.append(handle)
         for handle in group:
