@@ -29,6 +29,9 @@ _SAMPLING = {"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k"
              "ignore_eos", "skip_special_tokens", "no_stop_trim", "n", *_NEUTRAL_SAMPLING}  # fmt: skip
 
 
+_SAMPLING_EPS = 1e-6
+
+
 class BadRequest(ValueError):
     """A request the server refuses with HTTP 400."""
 
@@ -111,6 +114,10 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
         require(_is_num(v) and v == v, f"sampling_params.{key} must be a number (got {v!r})")
         out[key] = float(v)
     require(0.0 <= out["temperature"] < float("inf"), "sampling_params.temperature must be >= 0")
+    if out["temperature"] < _SAMPLING_EPS:  # as SGLang: near-zero means greedy (1/T would overflow)
+        out["temperature"] = 0.0
+    if out["top_k"] >= vocab:  # no filtering; also keeps huge values out of the batch's int64 tensor
+        out["top_k"] = -1
     require(0.0 < out["top_p"] <= 1.0, "sampling_params.top_p must be in (0, 1]")
     stop = sp.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
