@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from trainers import dist as tdist
 
@@ -69,6 +71,16 @@ def find_latest(root: str | os.PathLike[str]) -> Path | None:
     directories are ignored (the ``latest`` file is a pointer for people and tools)."""
     done = [(meta["step"], p) for p in Path(root).glob(f"{_PREFIX}*") if (meta := _complete(p)) is not None]
     return max(done)[1] if done else None
+
+
+def _save_error(exc: BaseException, where: Path) -> Exception:
+    """An ``OSError`` (errno kept, e.g. ENOSPC) or ``RuntimeError`` for a failed DCP save."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    code = re.search(r"\[Errno (\d+)\]", last)
+    if code:
+        return OSError(int(code.group(1)), f"cannot write checkpoint {where}: {last}")
+    return RuntimeError(f"cannot write checkpoint {where}: {last}")
 
 
 def _fsync_tree(path: Path) -> None:
@@ -119,7 +131,10 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         tdist.barrier()
-        dcp.save(self._model_states(engine), checkpoint_id=str(tmp / "model"))
+        try:
+            dcp.save(self._model_states(engine), checkpoint_id=str(tmp / "model"))
+        except CheckpointException as exc:  # a BaseException in torch: raise what it wraps, in one line
+            raise _save_error(exc, tmp) from None
         torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
         tdist.barrier()
         if engine.rank == 0:
