@@ -138,17 +138,23 @@ def write_rollouts(executor: RolloutExecutor, n: int, path: str | os.PathLike[st
         executor.start()
     bounded, executor.bounded_staleness = executor.bounded_staleness, False
     t0 = time.monotonic()
-    written = 0
+    written = complete_bytes = 0
     try:
         with open(out, "w", encoding="utf-8") as fh, _progress_bar(progress) as bar:
             task = bar.add_task(f"rollouts → {out.name}", total=n_groups * group_size) if bar else None
             for _ in range(n_groups):
                 (group,) = executor.wait(1, timeout)
-                fh.write("".join(t.to_json() + "\n" for t in group))
+                data = "".join(t.to_json() + "\n" for t in group)
+                fh.write(data)
                 fh.flush()
+                complete_bytes += len(data.encode("utf-8"))
                 written += len(group)
                 if bar is not None and task is not None:
                     bar.update(task, advance=len(group))
+    except OSError:  # e.g. a full disk: drop the torn tail so the file stays a valid prefix
+        with open(out, "r+b") as raw:
+            raw.truncate(complete_bytes)
+        raise
     finally:
         executor.bounded_staleness = bounded
     return {"path": str(out), "episodes": written, "groups": n_groups, "seconds": time.monotonic() - t0}

@@ -110,10 +110,12 @@ def test_sigkill_mid_step_and_mid_checkpoint_resumes_from_last_complete(model_di
 
 
 @pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+def tiny_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    size = getattr(request, "param", "3m")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip()}); the full-disk case needs root")
     try:
@@ -165,3 +167,26 @@ def test_checkpoint_on_a_full_disk_fails_cleanly(model_dir: Path, tiny_fs: Path)
     assert not list((tiny_fs / "ckpt").glob(".tmp-*"))
     record("checkpoint_full_disk", filesystem="tmpfs 3 MiB", checkpoint_bytes=size, filler_bytes=filled,
            save_error=str(info.value)[-60:], previous_checkpoint_loaded=True, next_save_after_freeing_ok=True)
+
+
+@pytest.mark.parametrize("tiny_fs", ["64k"], indirect=True)
+def test_rollout_jsonl_on_a_full_disk_keeps_a_valid_prefix(tiny_fs: Path) -> None:
+    from areal_agents.rollout import write_rollouts
+    from areal_agents.types import Trajectory
+
+    out = tiny_fs / "rollouts.jsonl"
+    ex = make_executor()
+    try:
+        with pytest.raises(OSError) as info:
+            write_rollouts(ex, 4000, out, progress=False, timeout=30)
+        counts = ex.counts()
+    finally:
+        ex.shutdown()
+    assert info.value.errno == errno.ENOSPC
+    text = out.read_text()
+    assert text.endswith("\n")  # no torn last line
+    trajs = [Trajectory.from_json(line) for line in text.splitlines()]
+    assert len(trajs) > 10 and len(trajs) % 2 == 0  # whole groups only
+    assert counts["submitted"] == counts["accepted"] + counts["failed"] + counts["dropped"] + counts["in_flight"]
+    record("rollout_jsonl_full_disk", filesystem="tmpfs 64 KiB", episodes_written=len(trajs),
+           torn_lines=0, error="ENOSPC")
