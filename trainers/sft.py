@@ -134,7 +134,8 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
 @torch.no_grad()
 def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]],
                     prompts: Sequence[list[int]], max_new_tokens: int = 16, batch_size: int = 64) -> float:
-    """Fraction of ``rows`` whose greedy completion gets reward >= 1 from ``env.step``.
+    """Fraction of ``rows`` whose greedy completion equals the env's reference completion or
+    gets reward >= 1 from ``env.step`` (checked only for the others: rewards run out of process).
 
     ``prompts`` are the rendered prompt ids of ``rows`` (left-padded here for ``generate``).
     """
@@ -152,6 +153,10 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[st
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
             for row, seq in zip(rows[start : start + batch_size], out[:, width:].tolist(), strict=True):
                 text = tokenizer.decode(seq, skip_special_tokens=True)
+                ref = env.reference_completion(row)
+                if ref is not None and text.strip() == ref.strip():  # a reference answer is correct by definition
+                    hits += 1
+                    continue
                 env.reset(options=row)
                 hits += env.step(text)[1] >= 1.0
     finally:
@@ -200,7 +205,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True) -> Path:
     data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, sft.steps * sft.batch_size))
     cfg_rows = dataclasses.replace(cfg, data=data)
     train_rows = load_dataset_rows(cfg_rows, "train")
-    test_rows = load_dataset_rows(cfg, "test")[:200]
+    test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
 
     def texts() -> list[str]:
