@@ -1,0 +1,122 @@
+"""Load: the RolloutExecutor held at 256 concurrent math episodes (ChatAgent, real reward
+workers) against two embedded servers for a bounded time. Memory must stay flat after a
+warm-up (test process and servers), and shutdown must leave no asyncio task, socket or thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from reliability_support import make_model, record, rss_mb, start_servers
+
+from areal_agents.agent import ChatAgent
+from areal_agents.config import RolloutConfig
+from areal_agents.data import arithmetic_dataset
+from areal_agents.env import make_env
+from areal_agents.inference.client import InferenceClient
+from areal_agents.inference.llm_client import ClientLLM
+from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rollout import RolloutExecutor, make_episode_fn
+
+CONCURRENCY = 256
+WARMUP_S = 25.0
+MEASURE_S = 60.0
+RSS_TOLERANCE_MB = 40.0  # allowed growth after warm-up (allocator noise; a leak grows with episodes)
+
+
+def server_rss(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        proc = psutil.Process(pid)
+        total += sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
+    return total
+
+
+def connections_to(ports: set[int]) -> int:
+    return sum(1 for c in psutil.Process().net_connections(kind="inet") if c.raddr and c.raddr.port in ports)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    model = make_model(tmp_path)
+    tok = AutoTokenizer.from_pretrained(model)
+    group = start_servers(model, 2, tmp_path / "logs", max_batch_size=128)
+    ports = {int(a.rsplit(":", 1)[1]) for a in group.addresses}
+    pids = [h.process.pid for h in group]
+    runner = RewardRunner(timeout=10.0, max_workers=2)
+    old_runner = set_default_runner(runner)
+    threads0, conns0 = threading.active_count(), connections_to(ports)
+    client = InferenceClient(group.addresses, schedule="least_loaded")
+    sampling = {"max_new_tokens": 8, "temperature": 1.0}
+    agent = ChatAgent(max_turns=1, max_tokens=8, sampling=sampling)
+    fn = make_episode_fn(lambda: make_env("math"), agent,
+                         lambda rid: ClientLLM(tok, client, rid=rid, default_sampling=sampling), episode_timeout=120)
+    cfg = RolloutConfig(batch_size=8, group_size=4, max_concurrent_rollouts=CONCURRENCY, episode_timeout=150,
+                        failure_policy="zero")
+    ex = RolloutExecutor(cfg, episode_fn=fn, rows=arithmetic_dataset("train", size=512), bounded_staleness=False,
+                         on_shutdown=[client.aclose])
+    running: list[int] = []
+    consumed = 0
+    try:
+        ex.start()
+        t_start = time.monotonic()
+        marks: dict[str, tuple[float, float, int]] = {}
+        while time.monotonic() - t_start < WARMUP_S + MEASURE_S:
+            consumed += sum(len(g) for g in ex.wait(1, timeout=120))
+            running.append(ex.counts()["running"])
+            if "start" not in marks and time.monotonic() - t_start >= WARMUP_S:
+                marks["start"] = (rss_mb(), server_rss(pids), consumed)
+        marks["end"] = (rss_mb(), server_rss(pids), consumed)
+        ex.pause()  # drain, then look for leftover tasks on the executor's loop
+        deadline = time.monotonic() + 120
+        while ex.counts()["in_flight"] and time.monotonic() < deadline:
+            if ex.counts()["ready_groups"]:
+                consumed += sum(len(g) for g in ex.wait(ex.counts()["ready_groups"], timeout=30))
+            time.sleep(0.01)
+
+        async def other_tasks() -> int:
+            return len(asyncio.all_tasks()) - 1
+
+        leftover_tasks = ex.run_coroutine(other_tasks(), timeout=10)
+        counts = ex.counts()
+        ready = counts["ready_groups"]
+        if ready:
+            consumed += sum(len(g) for g in ex.wait(ready, timeout=30))
+    finally:
+        ex.shutdown()
+        set_default_runner(old_runner)
+        runner.close()
+    deadline = time.monotonic() + 10
+    while (threading.active_count() > threads0 or connections_to(ports)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    threads_after, conns_after = threading.active_count(), connections_to(ports)
+    servers_alive = all(h.alive for h in group)
+    group.close()
+    rss0, srv0, n0 = marks["start"]
+    rss1, srv1, n1 = marks["end"]
+    steady = running[len(running) // 4:]
+    assert leftover_tasks == 0
+    assert threads_after == threads0 and conns_after == conns0 == 0
+    assert servers_alive
+    assert counts["in_flight"] == 0 and counts["submitted"] == counts["accepted"] + counts["failed"] + counts["dropped"]
+    assert counts["failed"] == 0, ex.stats()
+    assert max(running) == CONCURRENCY and statistics.median(steady) >= 0.75 * CONCURRENCY
+    assert n1 - n0 >= 4 * CONCURRENCY  # the measured window ran many episodes per slot
+    assert rss1 - rss0 <= RSS_TOLERANCE_MB, (rss0, rss1)
+    assert srv1 - srv0 <= RSS_TOLERANCE_MB, (srv0, srv1)
+    record("load_256_concurrent", concurrency=CONCURRENCY, servers=2, episodes_submitted=counts["submitted"],
+           accepted=counts["accepted"], failed=counts["failed"], dropped=counts["dropped"],
+           measured_window_s=MEASURE_S, episodes_in_window=n1 - n0,
+           episodes_per_s=round((n1 - n0) / MEASURE_S, 1), median_running=statistics.median(steady),
+           rss_test_mb_start=round(rss0, 1), rss_test_mb_end=round(rss1, 1), rss_servers_mb_start=round(srv0, 1),
+           rss_servers_mb_end=round(srv1, 1), rss_tolerance_mb=RSS_TOLERANCE_MB, leaked_tasks=leftover_tasks,
+           leaked_threads=threads_after - threads0, leaked_connections=conns_after)
