@@ -1,0 +1,64 @@
+"""examples/tool_agent: a custom Agent that runs the model's Python in the sandbox, registered and trained."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from examples_support import ROOT, TINY, run_command, train_steps
+
+from areal_agents import make_env
+from areal_agents.testing import ScriptedLLM
+
+ROW = {"prompt": "37*45=?", "answer": "1665", "expression": "37*45"}
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sandbox_agent", ROOT / "examples" / "tool_agent" / "sandbox_agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agent_runs_the_tool_in_the_sandbox_then_answers() -> None:
+    agent = _load().SandboxToolAgent(max_turns=3, turn_discount=0.5)
+    llm = ScriptedLLM(["<python>import socket\nprint(37*45)</python>", "1665"])
+    traj = asyncio.run(agent.run(make_env("python-tool"), llm, ROW, seed=0))
+    assert traj.status == "ok" and traj.info["success"] is True and traj.info["agent_tool_calls"] == 1
+    assert llm.messages[2] == {"role": "user", "content": "<output>1665</output>"}  # real sandboxed run
+    assert traj.turn_rewards == [0.0, 1.0] and traj.reward == 0.5  # the tool call cost one factor γ
+    assert len(traj.turn_spans) == 2 and traj.info["end_reason"] == "terminated"
+
+
+def test_agent_reports_sandbox_errors_and_caps_tool_calls() -> None:
+    agent = _load().SandboxToolAgent(max_turns=4, max_tool_calls=1)
+    code = "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)"
+    llm = ScriptedLLM([f"<python>{code}</python>", "<python>print(1)</python>", "12"])
+    traj = asyncio.run(agent.run(make_env("python-tool", max_turns=2), llm, ROW, seed=0))
+    output = llm.messages[2]["content"]
+    assert output.startswith("<output>") and "Error" in output  # no network in the sandbox
+    # the second call is over the agent's budget: the env runs it as its own tool turn
+    assert traj.info["agent_tool_calls"] == 1 and traj.info["tool_calls"] == 1
+    assert traj.turn_rewards == [0.0, 0.0, 0.0] and traj.info["success"] is False
+
+
+@pytest.mark.parametrize("bad", [{"max_turns": 0}, {"turn_discount": 0.0}, {"max_tool_calls": -1}])
+def test_agent_rejects_bad_arguments(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="SandboxToolAgent"):
+        _load().SandboxToolAgent(**bad)
+
+
+def test_script_registers_and_trains_with_the_agent(tmp_path: Path) -> None:
+    run_command([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config", "examples/tool_agent/config.yaml",
+                 *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path)
+    run_dir = tmp_path / "runs" / "tool-agent" / "sandbox-tool"
+    assert "name: sandbox-tool" in (run_dir / "config.yaml").read_text()
+    steps = train_steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2] and steps[-1]["version"] == 2
+    assert all(r["rollout/failed"] == 0 for r in steps)
+
