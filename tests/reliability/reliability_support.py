@@ -34,7 +34,7 @@ RESULTS = REPO / "benchmarks" / "results" / "reliability.json"
 def record(fault: str, **figures: Any) -> None:
     """Merge ``figures`` of ``fault`` into the results file (safe across processes)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+    with open(RESULTS.with_suffix(".lock.tmp"), "w") as lock:  # *.tmp is git-ignored
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -17,7 +17,8 @@ from reliability_support import record
 from areal_agents.cli import main
 from areal_agents.config_loader import config_fields
 
-KNOWN = [key for key, *_ in config_fields()]
+FIELDS = {key: default for key, _, default, _ in config_fields()}
+KNOWN = list(FIELDS)
 SECTIONS = sorted({k.split(".")[0] for k in KNOWN if "." in k})
 STATS = {"runs": 0, "exit_0": 0, "exit_2": 0}
 
@@ -48,7 +49,13 @@ def _nest(flat: dict[str, object]) -> dict[str, object]:
     return out
 
 
+_mostly_valid = st.dictionaries(  # known keys at their defaults, some of them mutated
+    st.sampled_from(KNOWN),
+    st.one_of(st.just(None), _scalars),
+    max_size=5,
+).map(lambda d: {k: (FIELDS[k] if v is None else v) for k, v in d.items()})
 _docs = st.one_of(
+    _mostly_valid.map(_nest).map(lambda d: yaml.safe_dump(d, allow_unicode=True)),
     st.dictionaries(_leaf_key, _values, max_size=6).map(_nest).map(lambda d: yaml.safe_dump(d, allow_unicode=True)),
     st.dictionaries(_leaf_key, _values, max_size=4).map(lambda d: yaml.safe_dump(d, allow_unicode=True)),
     _values.map(lambda v: yaml.safe_dump(v, allow_unicode=True)),
