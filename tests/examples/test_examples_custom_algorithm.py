@@ -1,0 +1,79 @@
+"""examples/custom_algorithm: a median-baseline advantage estimator registered from one file and trained."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from examples_support import ROOT, TINY, run_command, train_steps
+
+from areal_agents.config import AlgorithmConfig
+from areal_agents.config_loader import load_config
+from areal_agents.registry import algorithms
+
+
+@pytest.fixture(scope="module")
+def median_grpo() -> Iterator[ModuleType]:
+    path = ROOT / "examples" / "custom_algorithm" / "median_grpo.py"
+    spec = importlib.util.spec_from_file_location("median_grpo", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    algorithms.remove("median-grpo")
+
+
+def _batch(rewards: list[float], groups: list[int], lengths: list[int]) -> dict[str, torch.Tensor]:
+    mask = torch.zeros(len(rewards), max(lengths) + 2, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, 2 : 2 + n] = True  # two prompt tokens, then n generated
+    return {"loss_mask": mask, "rewards": torch.tensor(rewards), "group_ids": torch.tensor(groups)}
+
+
+def test_median_baseline_values(median_grpo: ModuleType) -> None:
+    cfg = AlgorithmConfig(name="median-grpo", adv_eps=0.0)
+    # group 0: rewards 0, 0, 1 -> median 0, MAD 1/3; group 1: 1, 0, 0.5, 1 -> median 0.75, MAD 0.375
+    batch = _batch([0.0, 0.0, 1.0, 1.0, 0.0, 0.5, 1.0], [7, 7, 7, 3, 3, 3, 3], [1, 2, 3, 1, 2, 3, 4])
+    adv = median_grpo.median_advantages(batch, cfg)
+    expected = [0.0, 0.0, 3.0, 0.25 / 0.375, -0.75 / 0.375, -0.25 / 0.375, 0.25 / 0.375]
+    assert adv.shape == batch["loss_mask"].shape and adv.dtype == torch.float32
+    for i, want in enumerate(expected):
+        row = adv[i][batch["loss_mask"][i]]
+        assert torch.allclose(row, torch.full_like(row, want), atol=1e-6), (i, row, want)
+    assert (adv[~batch["loss_mask"]] == 0).all()
+    # equal rewards: no signal; the median ignores one outlier that would move GRPO's mean
+    flat = median_grpo.median_advantages(_batch([0.5, 0.5, 0.5], [1, 1, 1], [2, 2, 2]), AlgorithmConfig())
+    assert (flat == 0).all()
+    outlier = median_grpo.median_advantages(_batch([0.0, 0.0, 0.0, 100.0], [1, 1, 1, 1], [1] * 4), cfg)
+    assert outlier[:, 2].tolist() == [0.0, 0.0, 0.0, 4.0]  # median 0, MAD 25
+
+
+def test_turn_credit_is_rejected(median_grpo: ModuleType) -> None:
+    cfg = dataclasses.replace(AlgorithmConfig(), credit="turn")
+    with pytest.raises(ValueError, match="credit=trajectory only"):
+        median_grpo.median_advantages(_batch([1.0], [0], [1]), cfg)
+
+
+def test_registration_applies_the_spec_defaults(median_grpo: ModuleType) -> None:
+    median_grpo.register()
+    median_grpo.register()  # importing/registering the same object twice is not a clash
+    cfg = load_config(str(ROOT / "examples" / "custom_algorithm" / "config.yaml"), ["algorithm.eps_clip=0.3"])
+    assert cfg.algorithm.name == "median-grpo" and algorithms.get("median-grpo") is median_grpo.MEDIAN_GRPO
+    assert cfg.algorithm.loss_agg_mode == "token-mean" and cfg.algorithm.use_decoupled_loss is False
+    assert cfg.algorithm.eps_clip == 0.3 and cfg.algorithm.adv_eps == 0.01  # the user's values win
+
+
+def test_script_trains_with_the_new_estimator(tmp_path: Path) -> None:
+    run_command([sys.executable, "examples/custom_algorithm/median_grpo.py", "--config",
+                 "examples/custom_algorithm/config.yaml", *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path)
+    run_dir = tmp_path / "runs" / "custom-algorithm" / "median-grpo"
+    assert "name: median-grpo" in (run_dir / "config.yaml").read_text()
+    steps = train_steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2] and steps[-1]["version"] == 2
+    assert all(r["train/n_seqs"] == 4 for r in steps)  # batch_size 2 x group_size 2
