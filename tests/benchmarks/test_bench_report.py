@@ -1,0 +1,114 @@
+"""benchmarks/report.py builds the README performance table and chart from the results JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "benchmarks" / "report.py"
+README = "# x\n\nintro text\n\n## Performance\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\ntail text\n"
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPORT), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def _write_results(results: Path) -> None:
+    results.mkdir()
+    (results / "inference_server.json").write_text(json.dumps({
+        "requests": 64, "new_tokens": 64, "server_tokens_per_s": 7000.0, "generate_tokens_per_s": 10000.0,
+        "ratio": 0.7, "target_ratio": 0.7, "meets_target": True}))
+    (results / "inference_client.json").write_text(json.dumps({
+        "requests": 5000, "concurrency": 64, "client_req_per_s": 3000.0, "bare_aiohttp_req_per_s": 4000.0,
+        "ratio": 0.75, "target_ratio": 0.8, "meets_target": False}))
+    run = {"eta": 0, "wall_s": 30.0}
+    (results / "rollout_async.json").write_text(json.dumps({
+        "workload": {"steps": 12}, "sync": run, "async": {"eta": 4, "wall_s": 20.0}, "bound": 1.8, "speedup": 1.5,
+        "target_fraction_of_bound": 0.8, "meets_target": True}))
+    (results / "reliability.json").write_text(json.dumps({"not": "a benchmark"}))
+    (results / "machine.json").write_text(json.dumps({
+        "platform": "Linux-test", "cpu_count": 3, "python": "3.11.0", "torch": "2.13.0",
+        "measured_at": "2026-01-02 03:04 UTC", "loadavg_before": [1.5, 1.0, 1.0]}))
+
+
+def test_report_writes_the_table_between_the_markers_only(tmp_path: Path) -> None:
+    results, readme = tmp_path / "results", tmp_path / "README.md"
+    _write_results(results)
+    readme.write_text(README)
+    proc = _report("--results", str(results), "--readme", str(readme))
+    assert proc.returncode == 0, proc.stderr
+    text = readme.read_text()
+    head, rest = text.split("<!-- bench:start -->\n")
+    block, tail = rest.split("\n<!-- bench:end -->")
+    assert head == README.split("<!-- bench:start -->")[0] and tail == "\n\ntail text\n"
+    assert "old table" not in block
+    assert "Measured 2026-01-02 03:04 UTC on Linux-test, 3 CPUs, Python 3.11.0, torch 2.13.0, load average 1.5" in block
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0].startswith("| figure | value | baseline (same run) | ratio | target | met |")
+    assert len(rows) == 4  # header + three benchmarks; reliability.json and machine.json are not rows
+    assert "| 7,000 tokens/s | batched `model.generate`: 10,000 tokens/s | 0.70× | ≥ 0.7 | yes |" in rows[1]
+    assert "| 3,000 req/s | bare aiohttp loop: 4,000 req/s | 0.75× | ≥ 0.8 | **no** |" in rows[2]
+    assert "| 20.0 s wall | synchronous: 30.0 s | 1.50× | ≥ 0.8 of bound 1.80× | yes |" in rows[3]
+    assert "![async vs sync wall time](results/async_vs_sync.png)" in block
+    assert (results / "async_vs_sync.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # idempotent, and --check agrees; a hand edit inside the block makes --check fail
+    assert _report("--results", str(results), "--readme", str(readme)).returncode == 0
+    assert readme.read_text() == text
+    assert _report("--results", str(results), "--readme", str(readme), "--check").returncode == 0
+    readme.write_text(text.replace("0.70×", "0.99×"))
+    stale = _report("--results", str(results), "--readme", str(readme), "--check")
+    assert stale.returncode == 1 and "stale" in stale.stderr
+
+
+def test_report_on_the_repository_results(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "benchmarks" / "results", results, ignore=shutil.ignore_patterns("*.png"))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    proc = _report("--results", str(results), "--readme", str(readme))
+    assert proc.returncode == 0, proc.stderr
+    known = ("inference_server", "inference_client", "rollout_overhead", "rollout_async", "rollout_async_embedded",
+             "trainer")
+    present = [k for k in known if (results / f"{k}.json").is_file()]
+    table = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    assert present and len(table) == 1 + len(present)
+    for line in table[1:]:
+        ratio = line.split(" | ")[3]
+        assert ratio.endswith("×") and float(ratio[:-1]) > 0
+
+
+def test_report_errors_are_one_line(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _write_results(results)
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    proc = _report("--results", str(results), "--readme", str(readme))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "bench:start" in proc.stderr
+    assert readme.read_text() == "# no markers\n"
+    (results / "inference_client.json").write_text("{broken")
+    readme.write_text(README)
+    proc = _report("--results", str(results), "--readme", str(readme))
+    assert proc.returncode == 0 and "warning: inference_client.json: unreadable" in proc.stderr
+    assert "bare aiohttp" not in readme.read_text() and "batched `model.generate`" in readme.read_text()
+    assert _report("--results", str(tmp_path / "missing"), "--readme", str(readme)).returncode == 2
+
+
+def test_run_all_discovers_every_bench_script() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run_all
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    runs = run_all.discover()
+    assert sorted({name for name, _ in runs}) == scripts
+    assert ("bench_rollout_async.py", ["--backend", "embedded"]) in runs
+    assert run_all.discover(["rollout_async"]) == [("bench_rollout_async.py", []),
+                                                  ("bench_rollout_async.py", ["--backend", "embedded"])]
+    assert all(name != "bench_inference_client.py" for name, _ in run_all.discover(skip=["bench_inference_client.py"]))
+    info = run_all.machine_info()
+    assert info["cpu_count"] and info["platform"]
