@@ -30,13 +30,14 @@ log = logging.getLogger("areal_agents.rollout")
 class _Episode:
     """One running episode: its task, timeout timer and why it was cancelled, if it was."""
 
-    __slots__ = ("group", "k", "task", "timer", "reason")
+    __slots__ = ("group", "k", "task", "timer", "reason", "abandoned")
 
     def __init__(self, group: Group, k: int) -> None:
         self.group, self.k = group, k
         self.task: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.reason = ""  # "timeout" | "stale" | "shutdown" once cancelled
+        self.abandoned = False  # it ignored its cancellation and was counted as a timeout
 
 
 class SchedulerMixin:
@@ -143,7 +144,7 @@ class SchedulerMixin:
             except Exception as exc:  # episode_fn failed before returning an awaitable
                 ep.task = loop.create_future()
                 ep.task.set_exception(exc)
-            ep.timer = loop.call_later(self.cfg.episode_timeout, self._cancel, ep, "timeout")
+            ep.timer = loop.call_later(self.cfg.episode_timeout, self._time_out, ep)
             g.tasks.add(ep)
             self._running += 1
             ep.task.add_done_callback(functools.partial(self._on_done, ep))
@@ -154,10 +155,29 @@ class SchedulerMixin:
             ep.reason = ep.reason or reason
             ep.task.cancel()
 
+    def _time_out(self, ep: _Episode) -> None:
+        """Cancel an episode past ``episode_timeout``; abandon it if it ignores the cancellation."""
+        self._cancel(ep, "timeout")
+        if ep.task is not None and not ep.task.done() and self._thread is not None:
+            ep.timer = self._thread.loop.call_later(min(5.0, self.cfg.episode_timeout), self._abandon, ep)
+
+    def _abandon(self, ep: _Episode) -> None:
+        """An episode that swallowed its cancellation (e.g. a catch-all retry loop in an async env)
+        is counted as a timeout now, so its group and its slot are not held forever."""
+        if ep.task is None or ep.task.done() or ep.abandoned:
+            return
+        log.warning("rollout: episode %s-%d ignored its cancellation; counted as a timeout", ep.group.group_id, ep.k)
+        ep.abandoned = True
+        traj = Trajectory(status="timeout", info={"error": "episode timed out and ignored its cancellation"})
+        self._finish(ep, self._stamp(ep, traj))
+
     # ------------------------------------------------------------------ completion
     def _collect(self, ep: _Episode) -> Trajectory:
         assert ep.task is not None
-        traj = episode_outcome(ep.task, ep.reason, self._turn_discount)
+        return self._stamp(ep, episode_outcome(ep.task, ep.reason, self._turn_discount))
+
+    @staticmethod
+    def _stamp(ep: _Episode, traj: Trajectory) -> Trajectory:
         g = ep.group
         traj.group_id, traj.start_version = g.group_id, g.start_version
         traj.info.setdefault("episode_id", f"{g.group_id}-{ep.k}")
@@ -165,11 +185,20 @@ class SchedulerMixin:
         return traj
 
     def _on_done(self, ep: _Episode, _task: object = None) -> None:
+        if ep.abandoned:  # already counted when it was abandoned
+            return
+        try:
+            traj = self._collect(ep)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._finish(ep, traj)
+
+    def _finish(self, ep: _Episode, traj: Trajectory) -> None:
         if ep.timer is not None:
             ep.timer.cancel()
         g = ep.group
         try:
-            traj = self._collect(ep)
             with self._cond:
                 self._running -= 1
                 self._finished += 1

@@ -61,6 +61,12 @@ class HostileEnv(Env):
     async def astep(self, action: str) -> Any:
         if self.row and self.row["kind"] == "hang_async":
             await asyncio.sleep(600)
+        if self.row and self.row["kind"] == "swallow_cancel":  # a retry loop that eats CancelledError
+            while not RELEASE.is_set():
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    pass
         if self.row and self.row["kind"] == "exit_async":
             raise SystemExit(4)
         return await super().astep(action)
@@ -69,7 +75,7 @@ class HostileEnv(Env):
 EXPECTED = {"raise": "env_error", "exit": "env_error", "exit_async": "env_error", "none": "env_error",
             "short": "env_error", "obs_int": "env_error", "info_list": "env_error", "reward_str": "env_error",
             "reward_none": "env_error", "nan": "env_error", "inf": "env_error", "reset_raise": "env_error",
-            "hang_sync": "timeout", "hang_async": "timeout", "ok": "ok"}  # fmt: skip
+            "hang_sync": "timeout", "hang_async": "timeout", "swallow_cancel": "timeout", "ok": "ok"}  # fmt: skip
 
 
 def run_rows(env_cls: type, rows: list[dict[str, Any]], timeout: float) -> tuple[list[Trajectory], dict, dict, float]:
