@@ -53,6 +53,7 @@ def test_agent_rejects_bad_arguments(bad: dict[str, float]) -> None:
         _load().SandboxToolAgent(**bad)
 
 
+@pytest.mark.slow  # the agent itself is covered above; this is the end-to-end registration through the CLI
 def test_script_registers_and_trains_with_the_agent(tmp_path: Path) -> None:
     run_command([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config", "examples/tool_agent/config.yaml",
                  *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path)
