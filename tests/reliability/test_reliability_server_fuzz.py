@@ -229,6 +229,34 @@ async def extremes(url: str) -> list[tuple[int, Any]]:
         return await asyncio.gather(*(post(b) for b in bodies))
 
 
+CONTROL = ["/update_weights_from_disk", "/pause_generation", "/continue_generation", "/abort_request",
+           "/flush_cache", "/init_weights_update_group", "/update_weights_from_distributed"]
+
+
+async def control_fuzz(url: str, seed: int, n: int = 300) -> tuple[Counter[int], list[tuple[str, str]]]:
+    """Random bodies to the control endpoints (never a real model path): 2xx, or a 4xx JSON reply."""
+    rng = random.Random(seed)
+    junk: list[Any] = [None, True, 0, -1, 10**30, 1.5, "", "x", "/", "/etc", "/dev/zero", "../../..", "/proc/self/mem",
+                       "abort", "retract", "in_place", "sideways", [], {}, ["a"], {"a": 1}]
+    keys = ["model_path", "weight_version", "abort_all_requests", "flush_cache", "keep_pause", "load_format", "mode",
+            "rid", "abort_all", "names", "dtypes", "shapes", "master_address", "world_size", "bogus"]
+    statuses: Counter[int] = Counter()
+    problems: list[tuple[str, str]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for _ in range(n):
+            path = rng.choice(CONTROL)
+            body = {k: rng.choice(junk) for k in rng.sample(keys, rng.randint(0, 4))}
+            data = json.dumps(body).encode() if rng.random() < 0.9 else rng.randbytes(rng.randint(0, 30))
+            async with session.post(url + path, data=data) as resp:
+                raw = await resp.read()
+                statuses[resp.status] += 1
+                if resp.status >= 500 or (resp.status >= 400 and not raw.startswith(b"{")):
+                    problems.append((f"{path} {data[:120]!r}", f"HTTP {resp.status}: {raw[:200]!r}"))
+        async with session.post(url + "/continue_generation", json={}) as resp:  # undo a random pause
+            assert resp.status == 200
+    return statuses, problems
+
+
 def raw_verdict(reply: bytes | None) -> str:
     if reply is None:
         return "hung"
@@ -255,6 +283,7 @@ def test_random_and_malformed_requests_never_break_the_server(tmp_path: Path) ->
         result = asyncio.run(fuzz(server.url, port, seed=1234))
         seconds = time.monotonic() - t0
         extreme = asyncio.run(extremes(server.url))
+        control_statuses, control_problems = asyncio.run(control_fuzz(server.url, seed=99))
         health = httpx.get(server.url + "/health", timeout=10).status_code
         after = httpx.post(server.url + "/generate", json=CANARY, timeout=60).json()["output_ids"]
         info = httpx.get(server.url + "/server_info", timeout=10).json()["batching"]
@@ -263,6 +292,7 @@ def test_random_and_malformed_requests_never_break_the_server(tmp_path: Path) ->
     verdicts = Counter(raw_verdict(r) for _, r in result["raw"])
     bad_raw = [(k, r[:200] if r else r) for k, r in result["raw"] if raw_verdict(r) not in ("4xx", "closed", "2xx")]
     assert problems == [], problems[:10]
+    assert control_problems == [], control_problems[:10]
     assert bad_raw == [], bad_raw[:10]
     assert sum(statuses.values()) == N_JSON and len(result["raw"]) == N_RAW
     assert statuses[200] > 100 and statuses[400] > 100  # both valid and invalid requests were exercised
@@ -276,4 +306,6 @@ def test_random_and_malformed_requests_never_break_the_server(tmp_path: Path) ->
     record("server_protocol_fuzz", requests=N_JSON + N_RAW, json_requests=N_JSON, raw_http_requests=N_RAW,
            statuses={str(k): v for k, v in sorted(statuses.items())}, raw_outcomes=dict(verdicts),
            canary_requests=len(result["canary"]), seconds=round(seconds, 1), server_5xx=0,
+           control_requests=sum(control_statuses.values()),
+           control_statuses={str(k): v for k, v in sorted(control_statuses.items())},
            greedy_output_unchanged=True)
