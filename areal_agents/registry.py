@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
@@ -70,6 +71,7 @@ class Registry:
         self._entries: dict[str, Any] = {}
         self._where: dict[str, str] = {}
         self._entry_points_loaded = False
+        self._loading = threading.Lock()
 
     # -- registration -------------------------------------------------------------------
     def add(self, name: str, obj: Any, *, where: str | None = None, override: bool = False) -> None:
@@ -103,11 +105,16 @@ class Registry:
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
             return
-        self._entry_points_loaded = True
-        for ep in entry_points(group=f"areal_agents.{self.kind}"):
-            if ep.name in self._entries and self._where[ep.name] == ep.value:
-                continue
-            self.add(ep.name, ep.value, where=ep.value)
+        with self._loading:  # concurrent first lookups wait for the loading thread to finish
+            if self._entry_points_loaded:
+                return
+            try:
+                for ep in entry_points(group=f"areal_agents.{self.kind}"):
+                    if ep.name in self._entries and self._where[ep.name] == ep.value:
+                        continue
+                    self.add(ep.name, ep.value, where=ep.value)
+            finally:
+                self._entry_points_loaded = True
 
     def get(self, name: str) -> Any:
         """Return the object under ``name``, importing a lazy entry on first use."""
