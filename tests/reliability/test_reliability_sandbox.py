@@ -167,7 +167,7 @@ def test_unbounded_growth_and_cpu_burn_are_stopped() -> None:
     t0 = time.monotonic()
     r = run_python(burn, timeout_s=2)
     took = time.monotonic() - t0
-    assert r.exit_code == 137 and took < 8, (r.exit_code, took, r.stderr)
+    assert r.exit_code == 137 and took < 15, (r.exit_code, took, r.stderr)
     FIGURES["cpu_burn_killed_after_s"] = round(took, 2)
 
 
