@@ -416,6 +416,7 @@ class ExperimentConfig:
     mode: str = f("full", "full (rollout + train) | rollout (write JSONL) | train (from JSONL).")
     train_data: str | None = f(None, "mode=train: rollout JSONL to train from.")
     seed: int = f(1, "Global seed.")
+    imports: list[str] = f([], "Modules or .py files imported first, to register custom envs/agents/algorithms.")
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -438,6 +439,11 @@ class ExperimentConfig:
             "mode=train needs train_data=<rollout JSONL>",
         )
         if dataclasses.is_dataclass(self.actor) and dataclasses.is_dataclass(self.trainer):
+            _check(
+                self.trainer.nproc == 1 or self.actor.path is not None,
+                "trainer.nproc",
+                "more than one trainer rank needs actor.path (warm-start the tiny model first: areal-agents sft)",
+            )
             _check(
                 self.trainer.nproc % self.actor.hsdp_replicate == 0,
                 "actor.hsdp_replicate",

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import importlib.util
 import os
+import sys
 import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -18,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
 
-__all__ = ["config_fields", "config_reference", "load_config", "to_yaml"]
+__all__ = ["config_fields", "config_reference", "import_user_module", "load_config", "to_yaml"]
 
 T = TypeVar("T")
 
@@ -114,6 +117,55 @@ def _materialise(node: DictConfig, prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "config", _first_line(str(exc), exc)) from None
 
 
+def _import_user_modules(layers: list[DictConfig]) -> None:
+    """Import the ``imports`` entries (module names or ``.py`` paths) of every layer."""
+    for layer in layers:
+        try:
+            entries = OmegaConf.select(layer, "imports", default=None)
+        except OmegaConfBaseException as exc:
+            raise _omega_error(exc, "imports") from None
+        if entries is None:
+            continue
+        if isinstance(entries, str):
+            entries = [entries]
+        for entry in entries:
+            try:
+                import_user_module(str(entry))
+            except Exception as exc:  # noqa: BLE001 - whatever the user's module raises, one line
+                raise ConfigError("imports", f"cannot import {entry!r}: {type(exc).__name__}: {exc}") from None
+
+
+def import_user_module(entry: str) -> Any:
+    """Import a module by dotted name, or a Python file by path (registered as its stem)."""
+    if entry.endswith(".py") or os.sep in entry:
+        path = os.path.abspath(entry)
+        name = os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no Python file at {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return module
+    return importlib.import_module(entry)
+
+
+def _check_names(cfg: ExperimentConfig) -> None:
+    """Registered names are checked now, not minutes later after the warm start."""
+    from areal_agents.registry import agents, datasets, envs
+
+    for key, value, registry in (("env.name", cfg.env.name, envs), ("agent.name", cfg.agent.name, agents),
+                                 ("data.name", cfg.data.name, datasets)):
+        if value is not None and value not in registry:
+            raise ConfigError(key, f"unknown {registry.kind[:-1]} {value!r}; registered: {', '.join(registry.names())}")
+
+
 def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
     """Defaults of the named algorithm chosen in ``layers`` (spec.defaults), if registered."""
     name = "grpo"
@@ -165,6 +217,7 @@ def load_config(
     known = _leaf_keys()
     for layer in layers:
         _check_keys(layer, known)
+    _import_user_modules(layers)
     if apply_algorithm_defaults:
         defaults = _algorithm_defaults(layers)
         if defaults:
@@ -181,6 +234,7 @@ def load_config(
         raise _omega_error(exc) from None
     cfg = _materialise(merged, "")
     assert isinstance(cfg, ExperimentConfig)
+    _check_names(cfg)
     return cfg
 
 

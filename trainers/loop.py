@@ -5,7 +5,9 @@
          ─► pause rollout ─► weights to servers (version + 1) ─► resume ─► log / eval / save
 
 η = ``rollout.max_head_offpolicyness``: 0 gives synchronous RL, η > 0 lets rollouts run up to
-η versions ahead of the trainer. Both come from this same loop.
+η versions ahead of the trainer. Both come from this same loop. With ``trainer.nproc > 1``
+the command re-launches itself under ``torchrun``: rank 0 owns servers, rollout, eval and
+logs; every rank trains its FSDP2 shard on the batch rank 0 broadcasts.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from areal_agents.inference.client import InferenceClient
 from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor, write_rollouts
+from trainers import dist as tdist
 from trainers.batching import collate, load_trajectories
 from trainers.checkpoint import Checkpointer
 from trainers.engine import TrainEngine
@@ -42,7 +47,10 @@ __all__ = ["cli_run", "run"]
 
 
 def cli_run(args: argparse.Namespace) -> int:
-    run(args.cfg)
+    cfg: ExperimentConfig = args.cfg
+    if cfg.trainer.nproc > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks
+        return tdist.run_torchrun(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:])
+    run(cfg)
     return 0
 
 
@@ -64,7 +72,7 @@ def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: 
         finally:
             await client.aclose()
 
-    return asyncio.run(go())
+    return asyncio.run(go()) if rows else {}
 
 
 def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
@@ -82,119 +90,148 @@ def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: lis
     return {k if "/" in k else f"train/{k}": v for k, v in stats.items()}
 
 
+def train_from_file(cfg: ExperimentConfig, model_path: str, spec: Any, logger: MetricsLogger | None) -> dict[str, Any]:
+    """Trainer-only debug mode: learn from a rollout JSONL, no servers."""
+    engine = TrainEngine(cfg, model_path)
+    trajs = [t for t in load_trajectories(cfg.train_data or "") if t.input_ids]
+    if not trajs:
+        raise ValueError(f"train_data={cfg.train_data}: no trajectories with tokens to train on")
+    per_step = cfg.rollout.batch_size * cfg.rollout.group_size
+    for step in range(cfg.trainer.total_steps):
+        chunk = [trajs[(step * per_step + i) % len(trajs)] for i in range(per_step)]
+        metrics = train_step(engine, spec, cfg, chunk)
+        if logger is not None:
+            logger.log(step + 1, metrics)
+    final = engine.export_hf(Path(cfg.run_dir) / "final")
+    return {"run_dir": cfg.run_dir, "steps": cfg.trainer.total_steps, "final_model": str(final)}
+
+
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train (or, with ``mode``, only roll out / only train) and return the summary."""
+    rank, _ = tdist.init_distributed(cfg.trainer.device)
+    main = rank == 0
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    seed_everything(cfg.seed)
-    display = RunDisplay(cfg, enabled=cfg.logging.progress)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    seed_everything(cfg.seed + rank)
+    display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
     t_start = time.monotonic()
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
-    model_path = cfg.actor.path or str(ensure_warm_model(cfg))
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-
+    model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = algorithms.get(cfg.algorithm.name)
     set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))
-    logger = MetricsLogger(run_dir, cfg.logging, config={"experiment": cfg.experiment_name})
+    logger = MetricsLogger(run_dir, cfg.logging, config={"experiment": cfg.experiment_name}) if main else None
+    if cfg.mode == "train":
+        summary = train_from_file(cfg, model_path, spec, logger)
+        if logger is not None:
+            logger.close()
+        return summary
 
-    if cfg.mode == "train":  # trainer-only debug mode: learn from a rollout JSONL, no servers
-        engine = TrainEngine(cfg, model_path)
-        trajs = load_trajectories(cfg.train_data or "")
-        per_step = cfg.rollout.batch_size * cfg.rollout.group_size
-        for step in range(cfg.trainer.total_steps):
-            chunk = [trajs[(step * per_step + i) % len(trajs)] for i in range(per_step)]
-            logger.log(step + 1, train_step(engine, spec, cfg, chunk))
-        engine.export_hf(run_dir / "final")
-        logger.close()
-        return {"run_dir": str(run_dir), "steps": cfg.trainer.total_steps}
-
-    train_rows = load_dataset_rows(cfg, "train")
-    test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n]
     summary: dict[str, Any] = {"run_dir": str(run_dir)}
     with contextlib.ExitStack() as stack:
-        # 2. Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor.
-        addresses = stack.enter_context(inference_servers(cfg, model_path))
-        client = InferenceClient(addresses, schedule=cfg.inference.schedule, timeout=cfg.inference.request_timeout,
-                                 retries=cfg.inference.request_retries)
-        episode_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg))
-        executor = RolloutExecutor(cfg.rollout, episode_fn=episode_fn, rows=train_rows, seed=cfg.seed, shuffle=cfg.data.shuffle,
-                                   on_shutdown=[client.aclose], bounded_staleness=cfg.mode == "full")
-        stack.callback(executor.shutdown)
-
+        # 2. Rank 0: inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor.
+        addresses: list[str] = []
+        executor: RolloutExecutor | None = None
+        test_rows: list[dict[str, Any]] = []
+        if main:
+            addresses = stack.enter_context(inference_servers(cfg, model_path))
+            client = InferenceClient(addresses, schedule=cfg.inference.schedule,
+                                     timeout=cfg.inference.request_timeout, retries=cfg.inference.request_retries)
+            executor = RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
+                                                                                sampling=sampling_params(cfg)),
+                                       rows=load_dataset_rows(cfg, "train"), seed=cfg.seed,
+                                       shuffle=cfg.data.shuffle, on_shutdown=[client.aclose])
+            stack.callback(executor.shutdown)
+            test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n]
         if cfg.mode == "rollout":  # inference-only debug mode: write trajectories
-            out = cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
-            executor.start()
-            write_rollouts(executor, cfg.rollout.num_episodes, out)
-            summary.update(rollouts=out, **executor.stats())
-            logger.close()
+            if executor is not None:
+                out = cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
+                summary.update(write_rollouts(executor, cfg.rollout.num_episodes, out,
+                                              progress=cfg.logging.progress), **executor.stats())
+            if logger is not None:
+                logger.close()
             return summary
 
-        # 3. Trainer, weight sync, checkpoints; recover a killed run when asked.
+        # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
         engine = TrainEngine(cfg, model_path)
         sync = DiskWeightSync(addresses, run_dir / "weights")
         ckpt = Checkpointer(run_dir / "checkpoints")
         step = version = 0
         if cfg.trainer.recover == "auto" and (state := ckpt.load_latest(engine)) is not None:
             step, version = state["step"], state["version"]
-            executor.load_state_dict(state["rollout"])
+            if executor is not None:
+                executor.load_state_dict(state["rollout"])
             sync.sync(engine, version)
-            display.note(f"recovered step {step} (weight version {version}) from {ckpt.root}")
-        executor.set_version(version)
-        stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, executor.state_dict())))
+            display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
+        if executor is not None:
+            executor.set_version(version)
+        stack.enter_context(ckpt.save_on_sigterm(
+            lambda: (engine, step, version, executor.state_dict() if executor else None)))
 
-        before = run_eval(cfg, tokenizer, addresses, test_rows, display) if test_rows else {}
-        logger.log(step, before)
-        executor.start()
+        before = run_eval(cfg, tokenizer, addresses, test_rows, display)
+        if logger is not None:
+            logger.log(step, before)
+        if executor is not None:
+            executor.start()
         display.start(total=cfg.trainer.total_steps, done=step)
-        while step < cfg.trainer.total_steps:
-            if cfg.trainer.max_time_s is not None and time.monotonic() - t_start > cfg.trainer.max_time_s:
+        while step < cfg.trainer.total_steps and not ckpt.stop_requested():
+            out_of_time = cfg.trainer.max_time_s is not None and time.monotonic() - t_start > cfg.trainer.max_time_s
+            if tdist.broadcast_object(out_of_time):
                 display.note(f"trainer.max_time_s={cfg.trainer.max_time_s} reached at step {step}")
                 break
-            # 4. One step: a batch of finished groups, then the update.
+            # 4. One step: rank 0 waits for a batch of finished groups; every rank trains on it.
             t0 = time.monotonic()
-            groups = executor.prepare_batch()
-            trajs = [t for group in groups for t in group if t.input_ids]
+            groups = executor.prepare_batch() if executor is not None else []
+            trajs = tdist.broadcast_object([t for group in groups for t in group if t.input_ids])
             t1 = time.monotonic()
             metrics = train_step(engine, spec, cfg, trajs)
             t2 = time.monotonic()
-            # 5. New weights to the servers between pause and resume: version + 1.
-            executor.pause()
+            # 5. New weights to the servers while rollout is paused: version + 1.
+            if executor is not None:
+                executor.pause()
             version += 1
             sync.sync(engine, version)
-            executor.set_version(version)
-            executor.resume()
+            if executor is not None:
+                executor.set_version(version)
+                executor.resume()
             step += 1
-            n_tokens = sum(t.num_tokens for t in trajs)
-            metrics.update(executor.stats())
+            if executor is not None:
+                metrics.update(executor.stats())
             metrics.update({
                 "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
-                "time/sync_s": time.monotonic() - t2, "perf/train_tokens_per_s": n_tokens / max(t2 - t1, 1e-9),
+                "time/sync_s": time.monotonic() - t2,
+                "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps and test_rows:
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
                 metrics.update(run_eval(cfg, tokenizer, addresses, test_rows, display))
-            logger.log(step, metrics)
-            logger.log_samples(step, trajs)
+            if logger is not None:
+                logger.log(step, metrics)
+                logger.log_samples(step, trajs)
             display.update(step, metrics)
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
-                ckpt.save(engine, step=step, version=version, rollout=executor.state_dict())
+                ckpt.save(engine, step=step, version=version, rollout=executor.state_dict() if executor else None)
         display.stop()
 
-        # 6. Final eval, weights, summary, plots.
-        after = run_eval(cfg, tokenizer, addresses, test_rows, display) if test_rows else {}
-        logger.log(step, {**after, "version": version})
-        final_dir = run_dir / "final"
-        engine.export_hf(final_dir)
-        summary.update(
-            steps=step, version=version, wall_time_s=round(time.monotonic() - t_start, 1),
-            accuracy_before=before.get("eval/accuracy"), accuracy_after=after.get("eval/accuracy"),
-            final_model=str(final_dir), metrics=str(run_dir / "metrics.jsonl"),
-            gen_tokens_per_s=np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in logger.history[1:]] or [0.0]),
-        )
+        # 6. Final eval, weights, summary.
+        after = run_eval(cfg, tokenizer, addresses, test_rows, display)
+        final_dir = engine.export_hf(run_dir / "final")
+        if logger is not None:
+            logger.log(step, {**after, "version": version})
+            summary.update(
+                steps=step, version=version, wall_time_s=round(time.monotonic() - t_start, 1),
+                accuracy_before=before.get("eval/accuracy"), accuracy_after=after.get("eval/accuracy"),
+                final_model=str(final_dir), metrics=str(run_dir / "metrics.jsonl"),
+                gen_tokens_per_s=float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in logger.history[1:]]
+                                               or [0.0])),
+            )
+    if logger is None:
+        return summary
     logger.close()
     if cfg.logging.plots:
         from areal_agents.plotting import plot_run
