@@ -16,7 +16,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
@@ -128,6 +128,8 @@ def _import_user_modules(layers: list[DictConfig]) -> None:
             continue
         if isinstance(entries, str):
             entries = [entries]
+        if not isinstance(entries, ListConfig):
+            raise ConfigError("imports", f"must be a list of module names or .py files (got {entries!r})")
         for entry in entries:
             try:
                 import_user_module(str(entry))

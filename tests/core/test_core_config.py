@@ -68,7 +68,12 @@ BAD = [
     (["actor=3"], "actor", "section"),
     (["justtext"], "justtext", "key=value"),
     (["algorithm.name=nope"], "algorithm.name", "unknown algorithm"),
-    (["trainer.nproc=3", "actor.hsdp_replicate=2"], "actor.hsdp_replicate", "divide"),
+    (["trainer.nproc=3", "actor.hsdp_replicate=2", "actor.path=/models/x"], "actor.hsdp_replicate", "divide"),
+    (["trainer.nproc=2"], "trainer.nproc", "actor.path"),
+    (["agent.name=nope"], "agent.name", "unknown agent 'nope'"),
+    (["env.name=nope"], "env.name", "unknown env 'nope'"),
+    (["data.name=nope"], "data.name", "unknown dataset 'nope'"),
+    (["imports=[no_such_module_xyz]"], "imports", "No module named"),
     (["mode=train"], "train_data", "rollout JSONL"),
     (["actor.lrr=1"], "actor.lrr", "did you mean actor.lr"),
 ]
@@ -168,3 +173,24 @@ def test_config_reference_doc_is_current():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text() == config_reference(), "docs/config.md is stale: areal-agents config markdown > docs/config.md"
+
+
+def test_imports_register_user_code_before_validation(tmp_path):
+    from areal_agents.registry import envs
+
+    user = tmp_path / "my_envs_for_test.py"
+    user.write_text(
+        "from areal_agents import register_env\n"
+        "from envs.math import MathEnv\n"
+        "@register_env('math-copy-for-test')\n"
+        "class MathCopy(MathEnv):\n"
+        "    pass\n"
+    )
+    try:
+        cfg = load_config(overrides=[f"imports=[{user}]", "env.name=math-copy-for-test"])
+        assert cfg.env.name == "math-copy-for-test" and cfg.imports == [str(user)]
+        assert envs.get("math-copy-for-test").__name__ == "MathCopy"
+        # importing the same file again is a no-op, not a duplicate registration
+        load_config(overrides=[f"imports=[{user}]", "env.name=math-copy-for-test"])
+    finally:
+        envs.remove("math-copy-for-test")
