@@ -159,6 +159,10 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             return summary
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
+        if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
+            # the embedded servers hold cpus // (n + 1) threads each; oversubscribed OpenMP pools busy-wait
+            cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
+            torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
         engine = TrainEngine(cfg, model_path)
         sync = DiskWeightSync(addresses, run_dir / "weights")
         ckpt = Checkpointer(run_dir / "checkpoints")
