@@ -1,0 +1,100 @@
+"""End to end: `areal-agents run` against a real embedded server, then the trainer-only mode.
+
+The test launches the server itself and attaches the run to it (``inference.backend=remote``)
+so that, after the run, it can check the server holds exactly the weights the trainer
+exported: same greedy logprobs for a probe prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from areal_agents.config_loader import load_config
+from areal_agents.inference.launcher import launch_servers
+from areal_agents.inference.tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.slow
+
+ETA = 1
+STEPS = 4
+
+
+def _cli(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "areal_agents.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_run_then_train_only(tmp_path: Path) -> None:
+    texts = [f"{a}+{b}= {a + b}" for a in range(10, 60) for b in range(10, 60)]
+    model = build_tiny_model(texts, tmp_path / "model")
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    common = [f"actor.path={model}", f"output_dir={tmp_path / 'runs'}", "experiment_name=e2e",
+              "rollout.batch_size=2", "rollout.group_size=4", "sampling.max_new_tokens=6", "eval.n=6",
+              "eval.every=2", "logging.progress=false", "trainer.save_every=2", "actor.lr=1e-3"]
+    cfg = load_config(overrides=common)
+    with launch_servers(cfg, model, 1, log_dir=tmp_path / "logs") as servers:
+        addr = servers.addresses[0]
+        proc = _cli(["run", "--env", "math", *common, "inference.backend=remote", f"inference.addresses=[{addr}]",
+                     f"trainer.total_steps={STEPS}", f"rollout.max_head_offpolicyness={ETA}"], env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        run_dir = tmp_path / "runs" / "e2e" / "trial"
+        for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "final/config.json", "final/model.safetensors",
+                     "plots/reward_vs_step.png", "plots/reward_vs_time.png", "plots/throughput.png",
+                     "plots/staleness.png", "checkpoints/latest"):
+            assert (run_dir / name).exists(), name
+        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        train_rows = [r for r in rows if "train/loss" in r]
+        assert [r["version"] for r in train_rows] == list(range(1, STEPS + 1))  # one version per step
+        for r in train_rows:
+            for key, value in r.items():
+                if isinstance(value, float):
+                    assert math.isfinite(value), (key, value)
+            assert r["staleness/max"] <= ETA
+            assert r["rollout/accepted"] >= 8
+        assert sum("eval/accuracy" in r for r in rows) >= 3  # before, at step 2, after
+        samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+        assert samples and all("+" in s["prompt"] and s["completion"] for s in samples)
+
+        # The server serves exactly the weights the trainer exported last.
+        info = httpx.get(f"http://{addr}/model_info", timeout=30).json()
+        assert str(info["weight_version"]) == str(STEPS)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(run_dir / "final")
+        probe = tok.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True,
+                                        tokenize=True)
+        probe = list(probe["input_ids"] if isinstance(probe, dict) or hasattr(probe, "keys") else probe)
+        reply = httpx.post(f"http://{addr}/generate", json={
+            "input_ids": probe, "sampling_params": {"max_new_tokens": 5, "temperature": 0.0},
+            "return_logprob": True}, timeout=60).json()
+        out_ids = reply["output_ids"]
+        served = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]
+        final = AutoModelForCausalLM.from_pretrained(run_dir / "final").eval()
+        with torch.no_grad():
+            logits = final(torch.tensor([probe + out_ids])).logits[0].float()
+        logp = logits.log_softmax(-1)
+        expected = [float(logp[len(probe) - 1 + i, t]) for i, t in enumerate(out_ids)]
+        assert out_ids and max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-4
+
+        # Rollout-only JSONL, then trainer-only mode on it (no servers).
+        jsonl = tmp_path / "rollouts.jsonl"
+        proc = _cli(["run", "--env", "math", *common, "inference.backend=remote", f"inference.addresses=[{addr}]",
+                     "mode=rollout", "rollout.num_episodes=16", f"rollout.output_path={jsonl}",
+                     "experiment_name=e2e-rollout"], env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _cli(["run", "--env", "math", *common, "mode=train", f"train_data={jsonl}", "trainer.total_steps=2",
+                 "experiment_name=e2e-train"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "e2e-train" / "trial" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["train/loss"]) for r in rows)
+    assert (tmp_path / "runs" / "e2e-train" / "trial" / "final" / "model.safetensors").exists()
