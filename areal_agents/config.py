@@ -240,7 +240,7 @@ class ActorConfig:
     path: str | None = f(None, "HF model dir; None builds the tiny default model (cached).")
     dtype: str = f("float32", "Parameter/compute dtype: float32 (CPU) or bfloat16 (GPU).")
     grad_reduce_dtype: str = f("float32", "Dtype of gradient reduction across ranks.")
-    lr: float = f(1e-4, "AdamW learning rate.")
+    lr: float = f(2e-4, "AdamW learning rate (tuned for the tiny default model; ~1e-6 suits billion-parameter models).")
     weight_decay: float = f(0.0, "AdamW weight decay.")
     betas: list[float] = f([0.9, 0.999], "AdamW betas.")
     warmup_steps: int = f(0, "Linear warmup steps.")
@@ -348,7 +348,7 @@ class SFTConfig:
 
     steps: int = f(600, "Optimiser steps.")
     batch_size: int = f(64, "Examples per step.")
-    lr: float = f(3e-3, "Peak learning rate (cosine decay after warmup).")
+    lr: float = f(1e-3, "Peak learning rate (cosine decay after warmup).")
     warmup_steps: int = f(30, "Linear warmup steps.")
     eval_every: int = f(200, "Greedy eval every N steps; 0 disables.")
     output_dir: str | None = f(None, "Where to save; None uses the cache dir of the default model.")
@@ -363,7 +363,7 @@ class SFTConfig:
 class TrainerConfig:
     """The RL loop: length, checkpoints, weight sync, ranks."""
 
-    total_steps: int = f(40, "Training steps (one weight version each).")
+    total_steps: int = f(100, "Training steps (one weight version each).")
     save_every: int = f(10, "Checkpoint every N steps; 0 disables.")
     recover: str = f("auto", "auto (resume the last complete checkpoint if any) | disabled.")
     weight_sync: str = f("disk", "disk (/update_weights_from_disk) | nccl (SGLang on GPU).")

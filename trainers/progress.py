@@ -5,8 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from areal_agents.config import ExperimentConfig
 
@@ -17,6 +27,13 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
+class _StatsColumn(ProgressColumn):
+    """The ``stats`` field of a task; tasks added by others (eval) have none."""
+
+    def render(self, task: Task) -> Text:
+        return Text(str(task.fields.get("stats", "")))
+
+
 class RunDisplay:
     """Rich progress (step, reward, eval accuracy, staleness, tokens/s, ETA) and a summary table."""
 
@@ -25,7 +42,7 @@ class RunDisplay:
         self.console = console or Console()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            _StatsColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, disable=not enabled, transient=False,
         )
         self._task: Any = None
