@@ -61,14 +61,14 @@ def seed_everything(seed: int) -> None:
 
 
 def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             display: RunDisplay | None = None) -> dict[str, Any]:
+             progress: Any = None) -> dict[str, Any]:
     """Greedy (and pass@k) accuracy on ``rows`` with a client of its own."""
 
     async def go() -> dict[str, Any]:
         client = InferenceClient(addresses, timeout=cfg.inference.request_timeout)
         try:
             return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  progress=display.progress if display else None)
+                                  progress=progress)
         finally:
             await client.aclose()
 
@@ -178,7 +178,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         stack.enter_context(ckpt.save_on_sigterm(
             lambda: (engine, step, version, executor.state_dict() if executor else None)))
 
-        before = run_eval(cfg, tokenizer, addresses, test_rows, display)
+        before = run_eval(cfg, tokenizer, addresses, test_rows, display.progress)
         if logger is not None:
             logger.log(step, before)
         if executor is not None:
@@ -213,7 +213,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
-                metrics.update(run_eval(cfg, tokenizer, addresses, test_rows, display))
+                metrics.update(run_eval(cfg, tokenizer, addresses, test_rows, display.progress))
             if logger is not None:
                 logger.log(step, metrics)
                 logger.log_samples(step, trajs)
@@ -223,7 +223,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         display.stop()
 
         # 6. Final eval, weights, summary.
-        after = run_eval(cfg, tokenizer, addresses, test_rows, display)
+        after = run_eval(cfg, tokenizer, addresses, test_rows, display.progress)
         final_dir = engine.export_hf(run_dir / "final")
         if logger is not None:
             logger.log(step, {**after, "version": version})
