@@ -1,0 +1,29 @@
+"""The README's "Write your own env" example runs verbatim through `imports=`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from areal_agents.config_loader import load_config
+from areal_agents.env import check_env
+from areal_agents.registry import envs, rewards
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_env_example(tmp_path: Path) -> None:
+    block = re.search(r"## Write your own env\n\n```python\n(.*?)```", README.read_text(), re.S)
+    assert block is not None
+    path = tmp_path / "my_env_readme.py"
+    path.write_text(block.group(1))
+    try:
+        cfg = load_config(overrides=[f"imports=[{path}]", "env.name=shout"])
+        env = envs.get(cfg.env.name)()
+        check_env(env)
+        env.reset(options={})
+        assert env.step("HELLO!")[1] == 1.0 and env.step("hello")[1] == 0.0
+        assert env.reference_completion({}) == "HELLO!"
+    finally:
+        envs.remove("shout")
+        rewards.remove("ends-with-bang")
