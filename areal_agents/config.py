@@ -244,7 +244,7 @@ class ActorConfig:
     weight_decay: float = f(0.0, "AdamW weight decay.")
     betas: list[float] = f([0.9, 0.999], "AdamW betas.")
     warmup_steps: int = f(0, "Linear warmup steps.")
-    lr_schedule: str = f("constant", "constant | cosine (after warmup).")
+    lr_schedule: str = f("cosine", "constant | cosine (after warmup, down to min_lr_ratio).")
     min_lr_ratio: float = f(0.1, "Cosine schedule floor as a fraction of lr.")
     max_grad_norm: float = f(1.0, "Gradient-norm clip; 0 disables.")
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
@@ -346,9 +346,11 @@ class AlgorithmConfig:
 class SFTConfig:
     """Supervised fine-tuning (also the warm start of the tiny default model)."""
 
-    steps: int = f(600, "Optimiser steps.")
+    steps: int = f(500, "Optimiser steps of `areal-agents sft`.")
     batch_size: int = f(64, "Examples per step.")
     lr: float = f(1e-3, "Peak learning rate (cosine decay after warmup).")
+    warm_start_steps: int = f(200, "Steps of the partial SFT `run` does without actor.path (leaves RL room to learn).")
+    warm_start_lr: float = f(3e-3, "Peak learning rate of that warm start.")
     warmup_steps: int = f(30, "Linear warmup steps.")
     eval_every: int = f(200, "Greedy eval every N steps; 0 disables.")
     output_dir: str | None = f(None, "Where to save; None uses the cache dir of the default model.")
@@ -357,13 +359,15 @@ class SFTConfig:
         _check(self.steps >= 0, "steps", f"must be >= 0 (got {self.steps})")
         _check(self.batch_size >= 1, "batch_size", f"must be >= 1 (got {self.batch_size})")
         _check(self.lr > 0, "lr", f"must be > 0 (got {self.lr})")
+        _check(self.warm_start_steps >= 0, "warm_start_steps", f"must be >= 0 (got {self.warm_start_steps})")
+        _check(self.warm_start_lr > 0, "warm_start_lr", f"must be > 0 (got {self.warm_start_lr})")
 
 
 @dataclass
 class TrainerConfig:
     """The RL loop: length, checkpoints, weight sync, ranks."""
 
-    total_steps: int = f(100, "Training steps (one weight version each).")
+    total_steps: int = f(200, "Training steps (one weight version each).")
     save_every: int = f(10, "Checkpoint every N steps; 0 disables.")
     recover: str = f("auto", "auto (resume the last complete checkpoint if any) | disabled.")
     weight_sync: str = f("disk", "disk (/update_weights_from_disk) | nccl (SGLang on GPU).")
@@ -384,7 +388,7 @@ class TrainerConfig:
 class EvalConfig:
     """Greedy / pass@k evaluation on the env's test split."""
 
-    every: int = f(10, "Evaluate every N training steps; 0 = only before and after.")
+    every: int = f(20, "Evaluate every N training steps; 0 = only before and after.")
     n: int | None = f(None, "Test rows to evaluate; None = all of data.test_size.")
     k: int = f(1, "pass@k samples per row (k > 1 samples at temperature eval.temperature).")
     temperature: float = f(1.0, "Sampling temperature for pass@k (greedy pass@1 is always reported).")

@@ -49,7 +49,7 @@ def cli_eval(args: argparse.Namespace) -> int:
     else:
         from trainers.sft import ensure_warm_model
 
-        model_path = str(ensure_warm_model(cfg, progress=cfg.logging.progress))
+        model_path = str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     report = evaluate_model(cfg, model_path, progress=cfg.logging.progress)
     out = Path(args.output) if args.output else Path(cfg.run_dir) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)

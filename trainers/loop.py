@@ -122,7 +122,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress))
+    model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = algorithms.get(cfg.algorithm.name)
     set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))

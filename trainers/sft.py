@@ -189,8 +189,12 @@ def _warm_key(cfg: ExperimentConfig, base: Path) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True) -> Path:
+def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_start: bool = False) -> Path:
     """The SFT-warm-started tiny model for ``cfg.env`` (built and cached on first use).
+
+    ``warm_start=True`` (what ``run`` and ``eval`` use) trains ``sft.warm_start_steps`` at
+    ``sft.warm_start_lr`` instead of the full ``sft.steps``: a policy that is right about half
+    the time, so that RL has something to learn.
 
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
     data and SFT config. The finished model dir appears atomically, with ``sft_report.json``.
@@ -201,6 +205,9 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True) -> Path:
     from areal_agents.env import make_env
     from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
 
+    if warm_start:
+        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=cfg.sft.warm_start_steps,
+                                                               lr=cfg.sft.warm_start_lr))
     sft = cfg.sft
     data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, sft.steps * sft.batch_size))
     cfg_rows = dataclasses.replace(cfg, data=data)
