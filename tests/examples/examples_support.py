@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # A couple of steps on the embedded server with the smallest warm start that still exercises it.
 TINY = [
-    "sft.steps=4", "sft.batch_size=8", "sft.eval_every=0", "trainer.total_steps=2", "trainer.save_every=0",
+    "sft.warm_start_steps=4", "sft.batch_size=8", "sft.eval_every=0", "trainer.total_steps=2", "trainer.save_every=0",
     "rollout.batch_size=2", "rollout.group_size=2", "eval.n=4", "eval.every=0",
     "logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
 ]

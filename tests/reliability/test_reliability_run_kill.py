@@ -20,7 +20,7 @@ from trainers.checkpoint import find_latest
 
 STEPS = 6
 SETTINGS = [
-    "sft.steps=4", "sft.batch_size=8", "sft.eval_every=0", f"trainer.total_steps={STEPS}", "trainer.save_every=1",
+    "sft.warm_start_steps=4", "sft.batch_size=8", "sft.eval_every=0", f"trainer.total_steps={STEPS}", "trainer.save_every=1",
     "trainer.recover=auto", "rollout.batch_size=2", "rollout.group_size=2", "eval.n=4", "eval.every=0",
     "logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
 ]  # fmt: skip
