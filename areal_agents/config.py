@@ -444,11 +444,6 @@ class ExperimentConfig:
         )
         if dataclasses.is_dataclass(self.actor) and dataclasses.is_dataclass(self.trainer):
             _check(
-                self.trainer.nproc == 1 or self.actor.path is not None,
-                "trainer.nproc",
-                "more than one trainer rank needs actor.path (warm-start the tiny model first: areal-agents sft)",
-            )
-            _check(
                 self.trainer.nproc % self.actor.hsdp_replicate == 0,
                 "actor.hsdp_replicate",
                 f"must divide trainer.nproc={self.trainer.nproc} (got {self.actor.hsdp_replicate})",

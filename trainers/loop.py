@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from areal_agents.config import ExperimentConfig
+from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.episodes import build_episode_fn, evaluate, sampling_params
@@ -48,6 +48,9 @@ __all__ = ["cli_run", "run"]
 
 def cli_run(args: argparse.Namespace) -> int:
     cfg: ExperimentConfig = args.cfg
+    if cfg.trainer.nproc > 1 and cfg.actor.path is None:  # the warm start would be a collective SFT per run
+        raise ConfigError("trainer.nproc", "more than one trainer rank needs actor.path "
+                          "(warm-start the tiny model first: areal-agents sft)")
     if cfg.trainer.nproc > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks
         return tdist.run_torchrun(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:])
     run(cfg)

@@ -68,8 +68,7 @@ BAD = [
     (["actor=3"], "actor", "section"),
     (["justtext"], "justtext", "key=value"),
     (["algorithm.name=nope"], "algorithm.name", "unknown algorithm"),
-    (["trainer.nproc=3", "actor.hsdp_replicate=2", "actor.path=/models/x"], "actor.hsdp_replicate", "divide"),
-    (["trainer.nproc=2"], "trainer.nproc", "actor.path"),
+    (["trainer.nproc=3", "actor.hsdp_replicate=2"], "actor.hsdp_replicate", "divide"),
     (["agent.name=nope"], "agent.name", "unknown agent 'nope'"),
     (["env.name=nope"], "env.name", "unknown env 'nope'"),
     (["data.name=nope"], "data.name", "unknown dataset 'nope'"),
@@ -146,7 +145,7 @@ def test_random_overrides_fail_with_one_line(key, value):
 
 def test_cli_prints_one_line_and_no_traceback():
     for args, key in ((["actor.c_clip=0.5"], "actor.c_clip"), (["no.such.key=1"], "no.such.key"),
-                      (["algorithm.c_clip=0.5"], "algorithm.c_clip")):
+                      (["algorithm.c_clip=0.5"], "algorithm.c_clip"), (["trainer.nproc=2"], "trainer.nproc")):
         proc = subprocess.run(
             [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", *args],
             capture_output=True, text=True, timeout=120,

@@ -82,16 +82,21 @@ def test_client_llm_records_tokens(pair: ServerGroup, models: tuple[Path, Path])
     assert llm.versions.count(0) == 8 and all(lp <= 0 for lp in llm.logprobs)
 
 
+N_NEW = 1000  # within the tiny model's 1,024 positions
+
+
 @pytest.mark.timeout(180)
 def test_killed_server_requests_finish_on_the_other(models: tuple[Path, Path], tmp_path: Path) -> None:
     group = start_servers(models[0], 2, tmp_path)
     victim = group[1]
 
     async def main(client: InferenceClient) -> list[Any]:
-        tasks = [asyncio.ensure_future(client.generate([3, 4, 5], {"max_new_tokens": 300, "ignore_eos": True},
+        # long generations, so that every request is still running when the victim dies (on an
+        # idle machine 24 x 300 tokens finish in about half a second)
+        tasks = [asyncio.ensure_future(client.generate([3, 4, 5], {"max_new_tokens": N_NEW, "ignore_eos": True},
                                                        rid=f"ep-{i}")) for i in range(24)]  # fmt: skip
-        await asyncio.sleep(0.5)
-        assert not any(t.done() for t in tasks)
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
         os.killpg(victim.process.pid, signal.SIGKILL)
         return await asyncio.gather(*tasks)
 
@@ -100,7 +105,7 @@ def test_killed_server_requests_finish_on_the_other(models: tuple[Path, Path], t
         gens = run(main, client)
     finally:
         group.close()
-    assert len(gens) == 24 and all(len(g.output_ids) == 300 and g.finish_reason == "length" for g in gens)
+    assert len(gens) == 24 and all(len(g.output_ids) == N_NEW and g.finish_reason == "length" for g in gens)
     assert all(g.info["server"] == group[0].url for g in gens)
     assert client.stats["failovers"] >= 1 and victim.process.poll() is not None
 
