@@ -150,6 +150,14 @@ class Env(gymnasium.Env):
             info["reward_error"] = result.error
         return result.value, info
 
+    def resolve_row(self, options: dict[str, Any] | None, required: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A copy of the ``reset`` options row (or :meth:`sample_row`), checked for ``required`` fields."""
+        row = dict(options) if options is not None else self.sample_row()
+        for key in required:
+            if key not in row:
+                raise ValueError(f"{type(self).__name__}.reset: the row needs a {key!r} field (got {sorted(row)})")
+        return row
+
     def sample_row(self) -> dict[str, Any]:
         """A row of ``default_dataset`` drawn with ``self.np_random`` (for ``reset(options=None)``)."""
         name = type(self).default_dataset

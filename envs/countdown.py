@@ -117,10 +117,7 @@ class CountdownEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        row = dict(options) if options is not None else self.sample_row()
-        for key in ("numbers", "target"):
-            if key not in row:
-                raise ValueError(f"CountdownEnv.reset: the row needs a {key!r} field (got {sorted(row)})")
+        row = self.resolve_row(options, ("numbers", "target"))
         row.setdefault("prompt", f"Use {' '.join(map(str, row['numbers']))} to make {row['target']}.")
         self.row, self.turn, self.done = row, 0, False
         return str(row["prompt"]), {}

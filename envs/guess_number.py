@@ -66,9 +66,7 @@ class GuessNumberEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        row = dict(options) if options is not None else self.sample_row()
-        if "target" not in row:
-            raise ValueError(f"GuessNumberEnv.reset: the row needs a 'target' field (got {sorted(row)})")
+        row = self.resolve_row(options, ("target",))
         row.setdefault("low", 1)
         row.setdefault("high", 100)
         row.setdefault("prompt", f"Guess my number ({row['low']}-{row['high']}).")

@@ -27,10 +27,7 @@ class MathEnv(Env):
 
     def _start(self, seed: int | None, options: dict[str, Any] | None) -> str:
         super().reset(seed=seed)
-        row = dict(options) if options is not None else self.sample_row()
-        for key in ("prompt", "answer"):
-            if key not in row:
-                raise ValueError(f"{type(self).__name__}.reset: the row needs a {key!r} field (got {sorted(row)})")
+        row = self.resolve_row(options, ("prompt", "answer"))
         self.row, self.turn, self.done = row, 0, False
         return str(row["prompt"])
 

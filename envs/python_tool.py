@@ -51,10 +51,7 @@ class PythonToolEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        row = dict(options) if options is not None else self.sample_row()
-        for key in ("prompt", "answer"):
-            if key not in row:
-                raise ValueError(f"PythonToolEnv.reset: the row needs a {key!r} field (got {sorted(row)})")
+        row = self.resolve_row(options, ("prompt", "answer"))
         self.row, self.turn, self.tool_calls, self.done = row, 0, 0, False
         return str(row["prompt"]) + self.hint, {}
 
