@@ -75,7 +75,6 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
     that do not report it, when its return is positive).
     """
     greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True))
-    sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature))
     sem = asyncio.Semaphore(concurrency)
     task_id = progress.add_task("eval", total=len(rows) * (1 + (k if k > 1 else 0))) if progress else None
 
@@ -100,6 +99,7 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
         "eval/n": len(rows),
     }
     if k > 1:
+        sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature))
         samples = await asyncio.gather(*(one(sample_fn, row, 1000 * i + j)
                                          for i, row in enumerate(rows) for j in range(k)))
         hits = [any(solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]

@@ -82,7 +82,7 @@ def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: lis
     """One optimiser step on finished episodes: logprobs the loss needs, advantages, update."""
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
     temperature = cfg.sampling.temperature or 1.0
-    if cfg.algorithm.recompute_logprob or cfg.algorithm.use_decoupled_loss:
+    if cfg.algorithm.recompute_logprob:  # the config requires it for the decoupled loss
         batch["prox_logp"] = engine.compute_logprobs(batch, temperature)
     if cfg.algorithm.kl_ctl > 0:
         batch["ref_logp"] = engine.compute_ref_logprobs(batch, temperature)
