@@ -5,10 +5,10 @@
 * enters new mount, network and PID namespaces (``unshare(2)``; as a normal user inside a
   new user namespace): the network has only a downed loopback, so connections fail with
   "Network is unreachable", and the child sees only its own processes;
-* hides ``/etc``, ``/home``, ``/root``, ``/tmp``, ``/var``, ``/work``, ``/srv``, ``/mnt``,
-  ``/opt``, ``/run`` and ``/media`` behind empty tmpfs mounts, bind-mounting back only the
-  Python installation, ``/etc/ld.so.cache`` and its own temp dir (``/usr``, ``/lib`` etc.
-  stay readable, as system files any user may read);
+* hides every top-level directory but the system ones of :data:`VISIBLE_ROOTS` (``/usr``,
+  ``/lib``, ``/bin``, ``/dev``...) behind empty tmpfs mounts, wherever the host keeps its
+  projects, homes and data (``/home``, ``/root``, ``/work``, ``/srv``, a CI checkout...),
+  bind-mounting back only the Python installation, ``/etc/ld.so.cache`` and its own temp dir;
 * when started as root, drops to an unused uid of its own (one per run, from
   :data:`SANDBOX_UID_BASE`), so ``RLIMIT_NPROC`` counts only that run's processes (a fork
   bomb cannot starve concurrent sandboxes) and no host file is readable by ownership;
@@ -35,9 +35,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["HIDDEN_ROOTS", "SandboxResult", "run_python"]
+__all__ = ["VISIBLE_ROOTS", "SandboxResult", "run_python"]
 
-HIDDEN_ROOTS = ("/etc", "/home", "/root", "/tmp", "/var", "/work", "/srv", "/mnt", "/opt", "/run", "/media")
+VISIBLE_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/dev", "/proc")
+"""The top-level directories left visible (system files any user may read); all others are hidden."""
 SANDBOX_UID_BASE = 1_500_000_000
 _runs = itertools.count()
 
@@ -158,6 +159,12 @@ def _keep_paths(workdir: str, extra: tuple[str, ...]) -> list[str]:
     return sorted(keep)
 
 
+def _hidden_roots() -> list[str]:
+    """Every top-level directory (not a symlink) outside :data:`VISIBLE_ROOTS`."""
+    roots = (os.path.join("/", name) for name in sorted(os.listdir("/")))
+    return [r for r in roots if r not in VISIBLE_ROOTS and os.path.isdir(r) and not os.path.islink(r)]
+
+
 def _traversable_by_others(path: str) -> bool:
     """Whether a user other than the owner can reach and run ``path`` (every parent o+x)."""
     path = os.path.realpath(path)
@@ -208,7 +215,7 @@ def run_python(
         cfg = {
             "isolate": isolate,
             "keep": _keep_paths(workdir, keep_paths),
-            "hide": list(HIDDEN_ROOTS),
+            "hide": _hidden_roots(),
             "cwd": workdir,
             "drop_to": run_uid,
             "drop_ok": _traversable_by_others(sys.executable),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import sys
+import tempfile
 import time
 
-from areal_agents.sandbox import run_python
+from areal_agents.sandbox import VISIBLE_ROOTS, run_python
 
 
 def _assert_isolated(result) -> None:
@@ -118,3 +121,30 @@ def test_a_fork_bomb_does_not_starve_a_concurrent_sandbox() -> None:
     thread.join()
     assert r.ok and "fine" in r.stdout, r.stderr
     assert results["bomb"].timed_out
+
+
+def test_every_top_level_directory_but_the_system_ones_is_empty_inside() -> None:
+    """Wherever a host keeps its files (a CI checkout in /check, /data, /home...), it is hidden:
+    a non-system top-level directory shows only the path down to the Python installation and
+    the sandbox's own temp dir."""
+    code = (
+        "import json, os\n"
+        "for name in sorted(os.listdir('/')):\n"
+        "    p = '/' + name\n"
+        "    if os.path.isdir(p) and not os.path.islink(p):\n"
+        "        print(p, json.dumps(sorted(os.listdir(p))))\n"
+    )
+    r = run_python(code)
+    _assert_isolated(r)
+    kept = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)))]
+    kept += ["/etc/ld.so.cache", os.path.realpath(tempfile.gettempdir()) + "/areal-sandbox-"]
+    seen = {}
+    for line in r.stdout.splitlines():
+        root, listing = line.split(" ", 1)
+        seen[root] = json.loads(listing)
+    hidden = [root for root in seen if root not in VISIBLE_ROOTS]
+    assert hidden, seen
+    for root in hidden:
+        allowed = {k[len(root) + 1:].split("/")[0] for k in kept if k.startswith(root + "/")}
+        extra = [n for n in seen[root] if n not in allowed and not any(n.startswith(a) for a in allowed if a.endswith("-"))]
+        assert not extra, f"{root} shows {extra} inside the sandbox"
