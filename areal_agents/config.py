@@ -370,18 +370,24 @@ class TrainerConfig:
     total_steps: int = f(200, "Training steps (one weight version each).")
     save_every: int = f(10, "Checkpoint every N steps; 0 disables.")
     recover: str = f("auto", "auto (resume the last complete checkpoint if any) | disabled.")
-    weight_sync: str = f("disk", "disk (/update_weights_from_disk) | nccl (SGLang on GPU).")
+    weight_sync: str = f("disk", "disk (/update_weights_from_disk) | gloo (broadcast to embedded servers) | "
+                                 "nccl (broadcast to SGLang on GPUs); a failed broadcast falls back to disk.")
+    weight_sync_address: str = f("127.0.0.1", "Trainer address the servers join for gloo/nccl weight sync "
+                                              "(this host's IP when they run on other hosts).")
     nproc: int = f(1, "Trainer ranks; > 1 launches torchrun.")
     device: str = f("cpu", "Trainer device: cpu | cuda.")
+    first_gpu: int | None = f(None, "GPU of trainer local rank 0 (rank r takes first_gpu + r); None = the GPU "
+                                    "after those of the SGLang servers the run launches, else 0.")
     max_time_s: float | None = f(None, "Stop training after this many seconds (then eval and save).")
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 0, "total_steps", f"must be >= 0 (got {self.total_steps})")
         _check(self.save_every >= 0, "save_every", f"must be >= 0 (got {self.save_every})")
         _choice(self.recover, "recover", ("auto", "disabled"))
-        _choice(self.weight_sync, "weight_sync", ("disk", "nccl"))
+        _choice(self.weight_sync, "weight_sync", ("disk", "gloo", "nccl"))
         _check(self.nproc >= 1, "nproc", f"must be >= 1 (got {self.nproc})")
         _choice(self.device, "device", ("cpu", "cuda"))
+        _check(self.first_gpu is None or self.first_gpu >= 0, "first_gpu", f"must be >= 0 (got {self.first_gpu})")
 
 
 @dataclass
@@ -448,9 +454,23 @@ class ExperimentConfig:
                 "actor.hsdp_replicate",
                 f"must divide trainer.nproc={self.trainer.nproc} (got {self.actor.hsdp_replicate})",
             )
+        if dataclasses.is_dataclass(self.trainer) and dataclasses.is_dataclass(self.inference):
+            sync, backend = self.trainer.weight_sync, self.inference.backend
+            _check(not (sync == "gloo" and backend == "sglang"), "trainer.weight_sync",
+                   "gloo is for embedded servers; SGLang on GPUs takes nccl (or disk)")
+            _check(not (sync == "nccl" and backend == "embedded"), "trainer.weight_sync",
+                   "nccl needs SGLang servers on GPUs; embedded servers take gloo (or disk)")
         if dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent):
             if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
                 self.algorithm.max_response_tokens = self.agent.max_tokens
+
+    @property
+    def trainer_first_gpu(self) -> int:
+        """GPU of trainer local rank 0: ``trainer.first_gpu``, else the first GPU after the
+        ``num_servers × tp_size`` GPUs of the SGLang servers this run launches (they start at 0)."""
+        if self.trainer.first_gpu is not None:
+            return self.trainer.first_gpu
+        return self.inference.num_servers * self.sglang.tp_size if self.inference.backend == "sglang" else 0
 
     @property
     def run_dir(self) -> str:

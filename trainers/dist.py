@@ -66,12 +66,12 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def init_distributed(device: str = "cpu") -> tuple[int, int]:
+def init_distributed(device: str = "cpu", first_gpu: int = 0) -> tuple[int, int]:
     """Join (or create) the default process group; return ``(rank, world_size)``.
 
     Uses the ``torchrun`` environment when ``WORLD_SIZE`` is set, otherwise a one-rank
-    group on a free loopback port. The backend is gloo on CPU and nccl on CUDA. Calling
-    it again once a group exists is a no-op.
+    group on a free loopback port. The backend is gloo on CPU and nccl on CUDA, where local
+    rank ``r`` takes GPU ``first_gpu + r``. Calling it again once a group exists is a no-op.
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -80,11 +80,11 @@ def init_distributed(device: str = "cpu") -> tuple[int, int]:
         rank = int(os.environ.get("RANK", "0"))
         world = int(os.environ["WORLD_SIZE"])
         if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(first_gpu + int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, rank=rank, world_size=world)
     else:
         if device == "cuda":
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(first_gpu)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 

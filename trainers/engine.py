@@ -163,7 +163,7 @@ class TrainEngine:
     def __init__(self, cfg: ExperimentConfig, model_path: str | os.PathLike[str], *, critic: bool | None = None,
                  total_steps: int | None = None, lr: float | None = None) -> None:
         self.cfg, self.model_path = cfg, Path(model_path)
-        self.rank, self.world = tdist.init_distributed(cfg.trainer.device)
+        self.rank, self.world = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
         self.mesh = tdist.build_mesh(cfg.trainer.device, cfg.actor.hsdp_replicate)
         self.device = torch.device("cuda", torch.cuda.current_device()) if cfg.trainer.device == "cuda" \
             else torch.device("cpu")

@@ -41,7 +41,7 @@ from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.servers import inference_servers
 from trainers.sft import ensure_warm_model
-from trainers.weight_sync import DiskWeightSync
+from trainers.weight_sync import make_weight_sync
 
 __all__ = ["cli_run", "run"]
 
@@ -111,7 +111,7 @@ def train_from_file(cfg: ExperimentConfig, model_path: str, spec: Any, logger: M
 
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train (or, with ``mode``, only roll out / only train) and return the summary."""
-    rank, _ = tdist.init_distributed(cfg.trainer.device)
+    rank, _ = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
     main = rank == 0
     run_dir = Path(cfg.run_dir)
     if main:
@@ -167,7 +167,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
             torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
         engine = TrainEngine(cfg, model_path)
-        sync = DiskWeightSync(addresses, run_dir / "weights")
+        sync = make_weight_sync(cfg, addresses, run_dir / "weights")
+        stack.callback(sync.close)
         ckpt = Checkpointer(run_dir / "checkpoints")
         step = version = 0
         if cfg.trainer.recover == "auto" and (state := ckpt.load_latest(engine)) is not None:
@@ -204,6 +205,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 executor.pause()
             version += 1
             sync.sync(engine, version)
+            while sync.events:
+                display.note(sync.events.pop(0))
             if executor is not None:
                 executor.set_version(version)
                 executor.resume()
@@ -212,7 +215,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 metrics.update(executor.stats())
             metrics.update({
                 "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
-                "time/sync_s": time.monotonic() - t2,
+                "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:

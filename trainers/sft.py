@@ -181,8 +181,11 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
     return examples, prompts
 
 
-def _warm_key(cfg: ExperimentConfig, base: Path) -> str:
-    blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": cfg.env.kwargs, "data": dataclasses.asdict(cfg.data),
+def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]]) -> str:
+    """Hash of what decides the warm-started weights: the training rows themselves (not the data
+    config, so eval and test-split settings do not rebuild it), env, SFT settings, base model, seed."""
+    rows = hashlib.sha256(json.dumps(train_rows, sort_keys=True, default=str).encode()).hexdigest()
+    blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": cfg.env.kwargs, "rows": rows,
                        "sft": {k: v for k, v in dataclasses.asdict(cfg.sft).items() if k != "output_dir"},
                        "system": cfg.agent.system_prompt, "base": base.name, "seed": cfg.seed},
                       sort_keys=True, default=str)
@@ -197,7 +200,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     the time, so that RL has something to learn.
 
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
-    data and SFT config. The finished model dir appears atomically, with ``sft_report.json``.
+    the training rows and the SFT config. The finished model dir appears atomically, with ``sft_report.json``.
     """
     from transformers import AutoTokenizer
 
@@ -220,7 +223,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
         return [str(r["prompt"]) + " " + str(env.reference_completion(r) or "") for r in seen]
 
     base = ensure_tiny_model(cfg.env.name, texts)
-    out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base)}"
+    out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     tokenizer = AutoTokenizer.from_pretrained(base)

@@ -3,9 +3,12 @@
 * :class:`DiskWeightSync` — export a HF dir per version (atomic), then
   ``POST /update_weights_from_disk {model_path, weight_version}`` to every server; keeps the
   last ``keep`` exported versions on disk.
-* :class:`NcclWeightSync` — the SGLang GPU path: ``/init_weights_update_group`` once, then per
-  version ``/update_weights_from_distributed {names, dtypes, shapes, group_name, weight_version}``
-  while rank 0 broadcasts each full tensor over an NCCL group that includes the servers.
+* :class:`DistributedWeightSync` — SGLang's broadcast path: ``/init_weights_update_group``
+  once, then per version ``/update_weights_from_distributed {names, dtypes, shapes,
+  group_name, weight_version}`` while rank 0 broadcasts each full tensor over a process group
+  that includes the servers: NCCL for SGLang on GPUs, gloo for the embedded CPU server.
+
+Servers that do not answer are skipped (:attr:`WeightSync.down`) and caught up once back.
 
 Requests go through :mod:`areal_agents.inference.control`.
 """
@@ -29,7 +32,7 @@ from trainers.engine import DTYPES
 if TYPE_CHECKING:
     from trainers.engine import TrainEngine
 
-__all__ = ["DiskWeightSync", "NcclWeightSync", "WeightSync", "make_weight_sync", "write_hf_dir"]
+__all__ = ["DiskWeightSync", "DistributedWeightSync", "WeightSync", "make_weight_sync", "write_hf_dir"]
 
 _WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
 _SKIP = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
@@ -81,10 +84,51 @@ def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | 
 
 
 class WeightSync:
-    """Interface: ``sync(engine, version)`` puts ``engine``'s policy on every server as ``version``."""
+    """Interface: ``sync(engine, version)`` puts ``engine``'s policy on every live server as ``version``.
+
+    A server that does not answer at all (killed, restarting) is left out of that sync and
+    listed in :attr:`down`; it gets the weights at the first sync after it answers again. A
+    sync fails only when no server is reachable, or when one answers with an error.
+    """
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = list(addresses)
+        self.down: dict[str, str] = {}  # address -> why it was unreachable at the last sync
+        self.events: list[str] = []  # servers lost and regained, fallbacks: for the run's log (pop them)
 
     def sync(self, engine: TrainEngine, version: int) -> None:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the sync holds (process groups); the servers keep running."""
+
+    def _on_each(self, addrs: Sequence[str], fn: Callable[[str], Any]) -> list[str]:
+        """``fn(addr)`` for each address; return those that answered, recording the others in :attr:`down`."""
+        answered = []
+        for addr in addrs:
+            try:
+                fn(addr)
+            except _control().ServerUnreachable as exc:
+                if addr not in self.down:
+                    self.events.append(f"inference server {addr} is unreachable; weight sync skips it until it is back")
+                self.down[addr] = str(exc)
+                continue
+            if self.down.pop(addr, None) is not None:
+                self.events.append(f"inference server {addr} is back and gets the new weights")
+            answered.append(addr)
+        return answered
+
+    def _paused(self, version: int, update: Callable[[list[str]], list[str]]) -> None:
+        """Pause the reachable servers, ``update`` them (it returns those it reached), resume them."""
+        control = _control()
+        up = self._on_each(self.addresses, control.pause_generation)
+        try:
+            up = update(up) if up else up
+        finally:
+            self._on_each(up, control.continue_generation)
+        if not up:
+            raise control.ControlError(f"weight version {version}: no inference server is reachable "
+                                       f"({'; '.join(self.down.values())})")
 
 
 def _control() -> Any:
@@ -94,18 +138,16 @@ def _control() -> Any:
 
 
 class DiskWeightSync(WeightSync):
-    """Export to ``root/v<version>`` then ``/update_weights_from_disk`` on every server.
-
-    ``pause=True`` brackets the update with ``/pause_generation`` and ``/continue_generation``
-    (in-flight requests are interrupted and resumed by the client with the new version).
-    Collective over trainer ranks; only rank 0 talks to the servers.
+    """Export to ``root/v<version>`` then ``/update_weights_from_disk`` on every server, with
+    generation paused around it (in-flight requests are interrupted and resumed by the client
+    with the new version). Collective over trainer ranks; only rank 0 talks to the servers.
     """
 
-    def __init__(self, addresses: Sequence[str], root: str | os.PathLike[str], *, keep: int = 2,
-                 pause: bool = True) -> None:
+    def __init__(self, addresses: Sequence[str], root: str | os.PathLike[str], *, keep: int = 2) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (got {keep})")
-        self.addresses, self.root, self.keep, self.pause = list(addresses), Path(root), keep, pause
+        super().__init__(addresses)
+        self.root, self.keep = Path(root), keep
 
     def path_for(self, version: int) -> Path:
         return self.root / f"v{version:06d}"
@@ -113,14 +155,8 @@ class DiskWeightSync(WeightSync):
     def sync(self, engine: TrainEngine, version: int) -> None:
         path = engine.export_hf(self.path_for(version))
         if engine.rank == 0 and self.addresses:
-            control = _control()
-            if self.pause:
-                control.pause_generation(self.addresses)
-            try:
-                control.update_weights_from_disk(self.addresses, str(path), version)
-            finally:
-                if self.pause:
-                    control.continue_generation(self.addresses)
+            update = _control().update_weights_from_disk
+            self._paused(version, lambda up: self._on_each(up, lambda a: update(a, str(path), version)))
         if engine.rank == 0:
             self.prune()
         tdist.barrier()
@@ -134,31 +170,43 @@ class DiskWeightSync(WeightSync):
         return removed
 
 
-class NcclWeightSync(WeightSync):
-    """SGLang's distributed update: trainer rank 0 + every server's TP ranks form one NCCL group.
+class DistributedWeightSync(WeightSync):
+    """SGLang's distributed update: trainer rank 0 and every server's ranks form one process
+    group (``nccl`` for SGLang on GPUs, ``gloo`` for the embedded CPU server), and rank 0
+    broadcasts each full tensor after ``/update_weights_from_distributed`` announced them.
 
-    ``server_world`` is the number of GPU ranks per server (``sglang.tp_size``). The group has
-    ``1 + len(addresses) * server_world`` members; rank 0 is the trainer, server ``i`` starts
-    at ``rank_offset = 1 + i * server_world``. Needs CUDA (the embedded CPU server answers
-    these endpoints with an error).
+    ``server_world`` is the number of ranks per server (``sglang.tp_size``). The group has
+    ``1 + len(servers) * server_world`` members; rank 0 is the trainer, server ``i`` starts at
+    ``rank_offset = 1 + i * server_world``. The group is made on the first sync, and made
+    again (on a new port) whenever the set of reachable servers changes. If a broadcast
+    fails, that version goes through ``fallback`` (disk) and the group is made anew.
     """
 
-    def __init__(self, addresses: Sequence[str], *, master_address: str, master_port: int, server_world: int = 1,
-                 group_name: str = "areal_agents_weights") -> None:
-        self.addresses, self.server_world = list(addresses), server_world
-        self.master_address, self.master_port, self.group_name = master_address, master_port, group_name
+    def __init__(self, addresses: Sequence[str], *, backend: str = "nccl", master_address: str = "127.0.0.1",
+                 master_port: int | None = None, server_world: int = 1, group_name: str = "areal_agents_weights",
+                 timeout_s: float = 300.0, fallback: DiskWeightSync | None = None) -> None:
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be nccl or gloo (got {backend!r})")
+        super().__init__(addresses)
+        self.backend, self.server_world, self.group_name, self.timeout_s = backend, server_world, group_name, timeout_s
+        self.master_address, self.master_port = master_address, master_port
+        self.fallback = fallback
         self.group: Any = None
+        self._store: Any = None
+        self.members: list[str] = []  # the servers of the current group, in rank order
+        self.last_error: str | None = None  # why the last sync fell back to disk
 
-    @property
-    def world_size(self) -> int:
-        return 1 + len(self.addresses) * self.server_world
+    def world_size(self, n_servers: int | None = None) -> int:
+        return 1 + (len(self.addresses) if n_servers is None else n_servers) * self.server_world
 
-    def init_group_payloads(self) -> list[dict[str, Any]]:
-        """Body of ``/init_weights_update_group`` for each server, in ``addresses`` order."""
+    def init_group_payloads(self, servers: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Body of ``/init_weights_update_group`` for each server, in order."""
+        servers = self.addresses if servers is None else servers
+        port = self.master_port if self.master_port is not None else 0
         return [_control().init_weights_update_group_payload(
-                    self.master_address, self.master_port, 1 + i * self.server_world, self.world_size,
-                    group_name=self.group_name, backend="nccl")
-                for i in range(len(self.addresses))]
+                    self.master_address, port, 1 + i * self.server_world, self.world_size(len(servers)),
+                    group_name=self.group_name, backend=self.backend)
+                for i in range(len(servers))]
 
     def update_payload(self, state: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast order."""
@@ -179,41 +227,81 @@ class NcclWeightSync(WeightSync):
 
         thread = threading.Thread(target=call, daemon=True)
         thread.start()
-        work()
-        thread.join()
+        try:
+            work()
+        finally:
+            thread.join()
         if errors:
             raise errors[0]
 
-    def init_group(self) -> None:
-        """Servers join while rank 0 creates its side of the group (both block until all meet)."""
-        def create() -> None:
-            store = torch.distributed.TCPStore(self.master_address, self.master_port, self.world_size, is_master=True)
-            self.group = torch.distributed.ProcessGroupNCCL(torch.distributed.PrefixStore(self.group_name, store), 0,
-                                                            self.world_size)
+    def _init_group(self, servers: list[str]) -> None:
+        """Servers join over HTTP while rank 0 creates its side (both block until all meet)."""
+        import datetime
 
-        payloads = self.init_group_payloads()
-        self._while(lambda: _control().init_weights_update_group(self.addresses, payloads), create)
+        self.close()
+        port = self.master_port or tdist.free_port()
+        world, timeout = self.world_size(len(servers)), datetime.timedelta(seconds=self.timeout_s)
+        payloads = [dict(p, master_port=port) for p in self.init_group_payloads(servers)]
+
+        def create() -> None:
+            store = torch.distributed.TCPStore(self.master_address, port, world, is_master=True, timeout=timeout)
+            prefixed = torch.distributed.PrefixStore(self.group_name, store)
+            if self.backend == "gloo":
+                self.group = torch.distributed.ProcessGroupGloo(prefixed, 0, world, timeout)
+            else:
+                self.group = torch.distributed.ProcessGroupNCCL(prefixed, 0, world)
+            self._store = store
+
+        self._while(lambda: _control().init_weights_update_group(servers, payloads, timeout=self.timeout_s), create)
+        self.members = list(servers)
+
+    def _broadcast(self, up: list[str], state: dict[str, torch.Tensor], version: int) -> list[str]:
+        if self.group is None or up != self.members:
+            self._init_group(up)
+        payload = self.update_payload(state, version)
+
+        def broadcast() -> None:
+            for t in state.values():
+                self.group.broadcast(t.cuda() if self.backend == "nccl" else t, 0).wait()
+
+        self._while(lambda: _control().update_weights_from_distributed(up, payload, timeout=self.timeout_s),
+                    broadcast)
+        return up
 
     def sync(self, engine: TrainEngine, version: int) -> None:
         state = engine.full_state_dict()
-        if engine.rank == 0:
-            if self.group is None:
-                self.init_group()
+        failed: str | None = None
+        if engine.rank == 0 and self.addresses:
             dtype = DTYPES[engine.cfg.actor.dtype]
-            state = {k: v.to(dtype) for k, v in state.items()}
-            payload = self.update_payload(state, version)
+            state = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
+            try:
+                self._paused(version, lambda up: self._broadcast(up, state, version))
+            except Exception as exc:
+                self.close()  # a member died or refused mid-update: the group is unusable
+                if self.fallback is None:
+                    raise
+                failed = f"{type(exc).__name__}: {exc}"
+        self.last_error = tdist.broadcast_object(failed)
+        if self.last_error is not None and self.fallback is not None:  # every rank: the export is collective
+            self.events.append(f"{self.backend} weight broadcast failed ({self.last_error[:200]}); "
+                               f"version {version} goes through disk")
+            self.fallback.addresses, self.fallback.down = self.addresses, self.down
+            self.fallback.sync(engine, version)
+            self.events += self.fallback.events
+            self.fallback.events = []
+        else:
+            tdist.barrier()
 
-            def broadcast() -> None:
-                for t in state.values():
-                    self.group.broadcast([t.cuda()], 0).wait()
-
-            self._while(lambda: _control().update_weights_from_distributed(self.addresses, payload), broadcast)
-        tdist.barrier()
+    def close(self) -> None:
+        self.group, self.members, self._store = None, [], None
 
 
 def make_weight_sync(cfg: Any, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
-    """The weight sync ``trainer.weight_sync`` selects (``nccl`` uses a free port on this host)."""
-    if cfg.trainer.weight_sync == "nccl":
-        return NcclWeightSync(addresses, master_address="127.0.0.1", master_port=tdist.free_port(),
-                              server_world=cfg.sglang.tp_size)
-    return DiskWeightSync(addresses, root)
+    """The weight sync ``trainer.weight_sync`` selects: ``disk``, or a broadcast over ``nccl``
+    (SGLang on GPUs) or ``gloo`` (embedded servers), which falls back to disk when it fails."""
+    disk = DiskWeightSync(addresses, root)
+    if cfg.trainer.weight_sync == "disk":
+        return disk
+    world = cfg.sglang.tp_size if cfg.inference.backend == "sglang" else 1
+    return DistributedWeightSync(addresses, backend=cfg.trainer.weight_sync, server_world=world,
+                                 master_address=cfg.trainer.weight_sync_address, fallback=disk)

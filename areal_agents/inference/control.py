@@ -18,6 +18,7 @@ from areal_agents.inference.client import normalize_address
 
 __all__ = [
     "ControlError",
+    "ServerUnreachable",
     "continue_generation",
     "flush_cache",
     "init_weights_update_group",
@@ -37,6 +38,10 @@ class ControlError(RuntimeError):
     """A control request failed (server down, non-200, or success: false)."""
 
 
+class ServerUnreachable(ControlError):
+    """No answer from the server at all (connection refused or reset, timed out): it is down."""
+
+
 Addrs = str | Sequence[str]
 
 
@@ -47,6 +52,8 @@ def _urls(addrs: Addrs) -> list[str]:
 def _request(method: str, url: str, timeout: float, json: dict[str, Any] | None = None) -> httpx.Response:
     try:
         resp = httpx.request(method, url, json=json, timeout=timeout)
+    except httpx.TransportError as exc:
+        raise ServerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise ControlError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     if resp.status_code != 200:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import signal
 import sys
@@ -22,11 +23,13 @@ from typing import Any
 from aiohttp import web
 
 from areal_agents.inference._protocol import BadRequest, parse_generate, require, response_body
+from areal_agents.inference._weights import WeightGroups, load_state_dict
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
 _ENGINE = web.AppKey("engine", object)
 _STATE = web.AppKey("state", dict)
+_GROUPS = web.AppKey("weight_groups", WeightGroups)
 
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
@@ -40,33 +43,6 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     dtype = torch.float32 if device == "cpu" else "auto"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     return model, tokenizer
-
-
-def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
-    """Read the safetensors weights in ``path`` and check them against ``model``.
-
-    Raises ``ValueError`` naming the problem (no weights, missing/unexpected tensors,
-    shape mismatches); tied output embeddings may be absent.
-    """
-    from safetensors.torch import load_file
-
-    root = Path(path)
-    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
-    if not files:
-        raise ValueError(f"no *.safetensors weights in {path}")
-    state: dict[str, Any] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    expected = model.state_dict()
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = sorted(set(expected) - set(state) - tied)
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"weights in {path} do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
-    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
-    if bad:
-        raise ValueError(f"weights in {path} have wrong shapes for {bad[:4]}")
-    return state
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -156,24 +132,20 @@ def _resolve(fut: asyncio.Future[Any], req: Any) -> None:
         fut.set_result(req)
 
 
-async def _update_weights_from_disk(request: web.Request) -> web.Response:
-    app, engine = request.app, request.app[_ENGINE]
-    body = await _json(request)
-    path = body.get("model_path")
-    require(isinstance(path, str) and bool(path), "'model_path' (a string) is required")
+def _update_flags(body: dict[str, Any]) -> tuple[str | None, dict[str, bool]]:
+    """``weight_version`` and the flags shared by both weight-update requests."""
     version = body.get("weight_version")
     require(version is None or isinstance(version, (str, int)) and not isinstance(version, bool),
             "'weight_version' must be a string")  # fmt: skip
     flags = {k: body.get(k, d) for k, d in (("abort_all_requests", False), ("keep_pause", False), ("flush_cache", True))}
     for key, value in flags.items():
         require(isinstance(value, bool), f"'{key}' must be true or false")
-    require(body.get("load_format") in (None, "auto", "safetensors"), "'load_format' must be auto or safetensors")
-    loop = asyncio.get_running_loop()
-    try:
-        state = await loop.run_in_executor(None, load_state_dict, path, engine.model)
-    except (ValueError, OSError) as exc:
-        return web.json_response({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
-    new_version = engine.weight_version if version is None else str(version)
+    return (None if version is None else str(version)), flags
+
+
+async def _swap(app: web.Application, state: dict[str, Any], version: str | None, flags: dict[str, bool]) -> int:
+    engine = app[_ENGINE]
+    new_version = engine.weight_version if version is None else version
 
     def swap() -> int:
         n = engine.swap_weights(state, new_version, flags["abort_all_requests"])
@@ -181,15 +153,55 @@ async def _update_weights_from_disk(request: web.Request) -> web.Response:
             engine.set_paused(False)
         return n
 
-    n = await _call(app, swap)
+    return int(await _call(app, swap))
+
+
+async def _update_weights_from_disk(request: web.Request) -> web.Response:
+    app, engine = request.app, request.app[_ENGINE]
+    body = await _json(request)
+    path = body.get("model_path")
+    require(isinstance(path, str) and bool(path), "'model_path' (a string) is required")
+    version, flags = _update_flags(body)
+    require(body.get("load_format") in (None, "auto", "safetensors"), "'load_format' must be auto or safetensors")
+    try:
+        state = await asyncio.get_running_loop().run_in_executor(None, load_state_dict, path, engine.model)
+    except (ValueError, OSError) as exc:
+        return web.json_response({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
+    n = await _swap(app, state, version, flags)
     app[_STATE]["model_path"] = path
     return web.json_response({"success": True, "message": "Succeeded to update model weights.",
                               "num_paused_requests": n})  # fmt: skip
 
 
-async def _nccl_unsupported(request: web.Request) -> web.Response:
-    msg = "the embedded server has no NCCL weight sync; use /update_weights_from_disk (trainer.weight_sync=disk)"
-    return web.json_response({"success": False, "message": msg}, status=400)
+async def _in_group_thread(app: web.Application, fn: Any, *args: Any) -> Any:
+    """Blocking process-group work on its own thread (a slow join never starves other requests)."""
+    return await asyncio.get_running_loop().run_in_executor(app[_STATE]["group_pool"], fn, *args)
+
+
+async def _init_weights_update_group(request: web.Request) -> web.Response:
+    body = await _json(request)
+    try:
+        await _in_group_thread(request.app, request.app[_GROUPS].join, body)
+    except BadRequest:
+        raise
+    except Exception as exc:  # the trainer never came, or the address is wrong: the server keeps serving
+        return web.json_response({"success": False, "message": f"could not join the group: {exc}"}, status=500)
+    return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+
+async def _update_weights_from_distributed(request: web.Request) -> web.Response:
+    app = request.app
+    body = await _json(request)
+    version, flags = _update_flags(body)
+    try:
+        state = await _in_group_thread(app, app[_GROUPS].receive, body, app[_ENGINE].model)
+    except BadRequest:
+        raise
+    except Exception as exc:  # a broken or timed-out broadcast
+        return web.json_response({"success": False, "message": f"broadcast failed: {exc}"}, status=500)
+    n = await _swap(app, state, version, flags)
+    return web.json_response({"success": True, "message": "Succeeded to update parameter online.",
+                              "num_paused_requests": n})  # fmt: skip
 
 
 async def _pause(request: web.Request) -> web.Response:
@@ -290,12 +302,14 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
     """The aiohttp application serving ``engine`` (started and stopped with the app)."""
     app = web.Application(middlewares=[_errors], client_max_size=64 * 1024**2)
     app[_ENGINE] = engine
-    app[_STATE] = {"model_path": model_path, "tokenizer_path": tokenizer_path or model_path}
+    app[_STATE] = {"model_path": model_path, "tokenizer_path": tokenizer_path or model_path,
+                   "group_pool": concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-group")}
+    app[_GROUPS] = WeightGroups()
     r = app.router
     r.add_post("/generate", _generate)
     r.add_post("/update_weights_from_disk", _update_weights_from_disk)
-    r.add_post("/init_weights_update_group", _nccl_unsupported)
-    r.add_post("/update_weights_from_distributed", _nccl_unsupported)
+    r.add_post("/init_weights_update_group", _init_weights_update_group)
+    r.add_post("/update_weights_from_distributed", _update_weights_from_distributed)
     r.add_post("/pause_generation", _pause)
     r.add_post("/continue_generation", _continue)
     r.add_post("/abort_request", _abort_request)
@@ -311,6 +325,7 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
         if not engine.alive:
             engine.start()
         yield
+        app[_STATE]["group_pool"].shutdown(wait=False, cancel_futures=True)
         await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
     app.cleanup_ctx.append(lifecycle)

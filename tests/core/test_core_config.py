@@ -75,6 +75,9 @@ BAD = [
     (["imports=[no_such_module_xyz]"], "imports", "No module named"),
     (["mode=train"], "train_data", "rollout JSONL"),
     (["actor.lrr=1"], "actor.lrr", "did you mean actor.lr"),
+    (["trainer.weight_sync=nccl"], "trainer.weight_sync", "embedded servers take gloo"),
+    (["trainer.weight_sync=rsync"], "trainer.weight_sync", "one of"),
+    (["trainer.first_gpu=-1"], "trainer.first_gpu", ">= 0"),
 ]
 
 
@@ -86,6 +89,19 @@ def test_bad_values_name_the_key(overrides, key, rule):
     assert msg.startswith(key + ":"), msg
     assert rule in msg, msg
     assert "\n" not in msg
+
+
+def test_trainer_gpus_follow_the_launched_sglang_servers():
+    from areal_agents.config import ExperimentConfig
+
+    cfg = ExperimentConfig()
+    assert cfg.trainer_first_gpu == 0  # embedded servers use no GPU
+    cfg.inference.backend, cfg.inference.num_servers, cfg.sglang.tp_size = "sglang", 2, 2
+    assert cfg.trainer_first_gpu == 4  # servers on GPUs 0-3 (--base-gpu-id 0, 2), trainer from GPU 4
+    cfg.trainer.first_gpu = 1
+    assert cfg.trainer_first_gpu == 1
+    cfg.trainer.first_gpu, cfg.inference.backend = None, "remote"
+    assert cfg.trainer_first_gpu == 0  # remote servers live elsewhere
 
 
 def test_sglang_version_check(monkeypatch):

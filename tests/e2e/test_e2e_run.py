@@ -98,3 +98,24 @@ def test_run_then_train_only(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "runs" / "e2e-train" / "trial" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["train/loss"]) for r in rows)
     assert (tmp_path / "runs" / "e2e-train" / "trial" / "final" / "model.safetensors").exists()
+
+
+def test_run_on_two_trainer_ranks_with_gloo_weight_broadcast(tmp_path: Path) -> None:
+    """``trainer.nproc=2`` re-launches the run under torchrun: two FSDP2 ranks train, rank 0
+    owns the embedded server and broadcasts each version to it over gloo."""
+    texts = [f"{a}+{b}= {a + b}" for a in range(10, 40) for b in range(10, 40)]
+    model = build_tiny_model(texts, tmp_path / "model")
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = _cli(["run", "--env", "math", f"actor.path={model}", f"output_dir={tmp_path / 'runs'}",
+                 "experiment_name=ranks", "trainer.nproc=2", "trainer.weight_sync=gloo", "trainer.total_steps=3",
+                 "trainer.save_every=3", "rollout.batch_size=2", "rollout.group_size=2", "sampling.max_new_tokens=6",
+                 "eval.n=4", "eval.every=0", "logging.progress=false", "logging.plots=false"], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "ranks" / "trial"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/loss" in r]
+    assert [r["version"] for r in train] == [1, 2, 3] and all(math.isfinite(r["train/loss"]) for r in train)
+    assert "goes through disk" not in proc.stdout + proc.stderr and not (run_dir / "weights").exists()
+    shards = sorted(p.name for p in (run_dir / "checkpoints").rglob("*.distcp"))
+    assert any(n.startswith("__0_") for n in shards) and any(n.startswith("__1_") for n in shards), shards
+    assert (run_dir / "final" / "model.safetensors").exists()

@@ -78,3 +78,16 @@ def test_warm_start_learns_two_digit_addition(tmp_path: Path, monkeypatch: pytes
     t1 = time.monotonic()
     assert ensure_warm_model(cfg, progress=False) == path  # cached
     assert time.monotonic() - t1 < 30
+
+
+def test_warm_start_cache_key_follows_training_rows_not_eval_settings(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
+    tiny = ["env.name=math", "sft.warm_start_steps=2", "sft.batch_size=4", "sft.eval_every=0", "data.test_size=8"]
+    first = ensure_warm_model(load_config(None, tiny), progress=False, warm_start=True)
+    made = (first / "model.safetensors").stat().st_mtime_ns
+    same = ensure_warm_model(load_config(None, [*tiny, "data.test_size=20", "eval.n=5", "eval.every=3"]),
+                             progress=False, warm_start=True)
+    assert same == first and (same / "model.safetensors").stat().st_mtime_ns == made  # not rebuilt
+    other = ensure_warm_model(load_config(None, [*tiny, "data.train_size=3000"]), progress=False, warm_start=True)
+    assert other != first  # other training rows: another warm start

@@ -1,7 +1,11 @@
-"""Weight sync: trained weights reach a real embedded server; NCCL request building."""
+"""Weight sync: trained weights reach real embedded servers from disk and over a gloo broadcast;
+dead servers are skipped and caught up; NCCL request building."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +16,10 @@ from trainer_helpers import make_cfg, make_trajs, nll_loss_fn
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.inference import control
-from areal_agents.inference.launcher import ServerGroup, launch_servers
+from areal_agents.inference.launcher import ServerGroup, ServerHandle, embedded_command, free_port, launch_servers
 from areal_agents.inference.tiny_model import build_tiny_model
 from trainers.engine import TrainEngine
-from trainers.weight_sync import DiskWeightSync, NcclWeightSync
+from trainers.weight_sync import DiskWeightSync, DistributedWeightSync, WeightSync
 
 PROMPT = [5, 9, 12, 40, 33]
 
@@ -43,31 +47,94 @@ def _generate(addr: str) -> tuple[list[int], list[float], str]:
     return res["output_ids"], logps, res["meta_info"]["weight_version"]
 
 
-def test_disk_sync_puts_trained_weights_on_the_server(model_dir: Path, servers: ServerGroup, tmp_path: Path) -> None:
-    addr = servers[0].address
-    engine = TrainEngine(make_cfg(lr=5e-2), model_dir)
-    sync = DiskWeightSync([addr], tmp_path / "weights", keep=2)
-    before_ids, before_lp, _ = _generate(addr)
-    trajs = make_trajs(8, seed=2)
-    for version in (1, 2, 3):
-        engine.train_batch(trajs, nll_loss_fn)
-        sync.sync(engine, version)
-    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000002", "v000003"]
-    assert control.model_info(addr)["weight_version"] == "3"
-    ids, logps, version = _generate(addr)
-    assert version == "3"
-    # The server's logprobs for its own greedy output equal the trainer's at temperature 1.
+def _assert_server_matches_trainer(addr: str, engine: TrainEngine, version: str) -> tuple[list[int], list[float]]:
+    """The server's logprobs for its own greedy output equal the trainer's at temperature 1."""
+    assert control.model_info(addr)["weight_version"] == version
+    ids, logps, got = _generate(addr)
+    assert got == version
     want = engine.compute_logprobs({"input_ids": torch.tensor([PROMPT + ids]),
                                     "attention_mask": torch.ones(1, len(PROMPT) + len(ids), dtype=torch.long),
                                     "loss_mask": torch.tensor([[False] * len(PROMPT) + [True] * len(ids)])},
                                    temperature=1.0)[0, len(PROMPT):]
     torch.testing.assert_close(torch.tensor(logps), want, atol=1e-4, rtol=1e-4)
-    assert (ids, logps) != (before_ids, before_lp)
+    return ids, logps
+
+
+@pytest.mark.parametrize("kind", ["disk", "gloo"])
+def test_sync_puts_trained_weights_on_the_server(kind: str, model_dir: Path, servers: ServerGroup,
+                                                 tmp_path: Path) -> None:
+    addr = servers[0].address
+    engine = TrainEngine(make_cfg(lr=5e-2), model_dir)
+    disk = DiskWeightSync([addr], tmp_path / "weights", keep=2)
+    sync: WeightSync = disk if kind == "disk" else DistributedWeightSync([addr], backend="gloo", timeout_s=60)
+    before = _generate(addr)[:2]
+    trajs = make_trajs(8, seed=2 if kind == "disk" else 5)  # the server is shared: each test its own weights
+    for version in (1, 2, 3):
+        engine.train_batch(trajs, nll_loss_fn)
+        sync.sync(engine, version)
+    if kind == "disk":
+        assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000002", "v000003"]
+    else:
+        assert not (tmp_path / "weights").exists() and sync.last_error is None  # nothing went through disk
+        assert sync.members == [addr]  # one group, made once, reused for every version
+    assert _assert_server_matches_trainer(addr, engine, "3") != before
+    sync.close()
+
+
+def _restart(handle: ServerHandle, model_dir: Path) -> subprocess.Popen[bytes]:
+    """A fresh server process on the dead one's port (with the untrained model)."""
+    port = handle.address.rsplit(":", 1)[1]
+    cmd = [*embedded_command(ExperimentConfig(), model_dir, int(port))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    control.wait_healthy(handle.address, timeout=60)
+    return proc
+
+
+@pytest.mark.parametrize("kind", ["disk", "gloo"])
+def test_dead_server_is_skipped_then_caught_up(kind: str, model_dir: Path, tmp_path: Path) -> None:
+    cfg = ExperimentConfig()
+    engine = TrainEngine(make_cfg(lr=5e-2), model_dir)
+    trajs = make_trajs(8, seed=3)
+    with launch_servers(cfg, model_dir, 2, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1"}) as group:
+        addrs = group.addresses
+        disk = DiskWeightSync(addrs, tmp_path / "weights")
+        sync = disk if kind == "disk" else DistributedWeightSync(addrs, backend="gloo", timeout_s=60, fallback=disk)
+        engine.train_batch(trajs, nll_loss_fn)
+        sync.sync(engine, 1)
+        os.killpg(group[1].process.pid, signal.SIGKILL)
+        group[1].process.wait(10)
+        engine.train_batch(trajs, nll_loss_fn)
+        sync.sync(engine, 2)  # no exception: the live server gets version 2
+        assert list(sync.down) == [addrs[1]] and "unreachable" in sync.events[-1]
+        _assert_server_matches_trainer(addrs[0], engine, "2")
+        restarted = _restart(group[1], model_dir)
+        try:
+            assert control.model_info(addrs[1])["weight_version"] == "0"
+            engine.train_batch(trajs, nll_loss_fn)
+            sync.sync(engine, 3)
+            assert sync.down == {} and "is back" in sync.events[-1]
+            for addr in addrs:  # the restarted server caught up with the newest version
+                _assert_server_matches_trainer(addr, engine, "3")
+            if kind == "gloo":
+                assert sync.members == addrs and sync.last_error is None  # the group was made anew, with both
+        finally:
+            os.killpg(restarted.pid, signal.SIGKILL)
+            restarted.wait(10)
+        sync.close()
+
+
+def test_no_reachable_server_is_an_error(model_dir: Path, tmp_path: Path) -> None:
+    engine = TrainEngine(make_cfg(), model_dir)
+    sync = DiskWeightSync([f"127.0.0.1:{free_port()}"], tmp_path / "weights")
+    with pytest.raises(control.ControlError, match="no inference server is reachable"):
+        sync.sync(engine, 1)
 
 
 def test_nccl_requests(model_dir: Path) -> None:
-    sync = NcclWeightSync(["h1:30000", "h2:30000"], master_address="10.0.0.1", master_port=29555, server_world=2)
-    assert sync.world_size == 5
+    sync = DistributedWeightSync(["h1:30000", "h2:30000"], master_address="10.0.0.1", master_port=29555,
+                                 server_world=2)
+    assert sync.world_size() == 5
     p = sync.init_group_payloads()
     assert [x["rank_offset"] for x in p] == [1, 3]
     assert all(x["world_size"] == 5 and x["master_address"] == "10.0.0.1" and x["master_port"] == 29555
@@ -78,3 +145,27 @@ def test_nccl_requests(model_dir: Path) -> None:
     assert body["dtypes"] == ["bfloat16", "float32"]
     assert body["shapes"] == [[3, 4], [7]]
     assert body["weight_version"] == "12" and body["group_name"] == sync.group_name
+
+
+class _MislabelledBroadcast(DistributedWeightSync):
+    """Fault injection: announces one tensor under a name the model does not have."""
+
+    def update_payload(self, state: dict[str, torch.Tensor], version: int) -> dict[str, object]:
+        body = super().update_payload(state, version)
+        body["names"] = ["no.such.weight", *body["names"][1:]]
+        return body
+
+
+def test_refused_broadcast_falls_back_to_disk(model_dir: Path, servers: ServerGroup, tmp_path: Path) -> None:
+    addr = servers[0].address
+    engine = TrainEngine(make_cfg(lr=5e-2), model_dir)
+    engine.train_batch(make_trajs(8, seed=7), nll_loss_fn)
+    sync = _MislabelledBroadcast([addr], backend="gloo", timeout_s=60,
+                                 fallback=DiskWeightSync([addr], tmp_path / "weights"))
+    sync.sync(engine, 11)
+    assert "no.such.weight" in (sync.last_error or "") and "goes through disk" in sync.events[0]
+    assert (tmp_path / "weights" / "v000011").is_dir()
+    _assert_server_matches_trainer(addr, engine, "11")  # the server drained the broadcast and still serves
+    sync.sync(engine, 12)  # the group is made anew and refused again: the run goes on through disk
+    _assert_server_matches_trainer(addr, engine, "12")
+    sync.close()

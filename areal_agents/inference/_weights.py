@@ -1,0 +1,111 @@
+"""New weights for a running embedded server: read from disk, or received from a trainer's
+broadcast over a gloo process group (SGLang's ``/init_weights_update_group`` and
+``/update_weights_from_distributed``, on CPU)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from areal_agents.inference._protocol import BadRequest, require
+
+__all__ = ["WeightGroups", "check_fit", "load_state_dict"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_fit(shapes: Mapping[str, Sequence[int]], model: Any, where: str, *, complete: bool) -> None:
+    """Raise ``ValueError`` unless every tensor of ``shapes`` is a parameter of ``model`` with
+    that shape (and, when ``complete``, every parameter is there; tied output embeddings may be absent)."""
+    expected = model.state_dict()
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(expected) - set(shapes) - tied) if complete else []
+    unexpected = sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"weights in {where} do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    bad = [k for k, v in shapes.items() if tuple(v) != tuple(expected[k].shape)]
+    if bad:
+        raise ValueError(f"weights in {where} have wrong shapes for {bad[:4]}")
+
+
+def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
+    """Read the safetensors weights in ``path`` and check them against ``model``.
+
+    Raises ``ValueError`` naming the problem (no weights, missing/unexpected tensors,
+    shape mismatches); tied output embeddings may be absent.
+    """
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {path}")
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    check_fit({k: v.shape for k, v in state.items()}, model, str(path), complete=True)
+    return state
+
+
+def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    v = body.get(key)
+    require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
+    return int(v)
+
+
+class WeightGroups:
+    """The process groups this server joined with trainers, by ``group_name``.
+
+    Both methods block (run them off the event loop): :meth:`join` until every member of the
+    group has joined, :meth:`receive` until the trainer has broadcast every announced tensor.
+    """
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.groups: dict[str, Any] = {}
+
+    def join(self, body: Mapping[str, Any]) -> None:
+        """Join the group of an ``/init_weights_update_group`` body as ranks ``rank_offset``."""
+        import torch.distributed as dist
+
+        addr, name = body.get("master_address"), body.get("group_name", "weight_update_group")
+        require(isinstance(addr, str) and bool(addr), "'master_address' (a string) is required")
+        require(isinstance(name, str) and bool(name), "'group_name' must be a non-empty string")
+        port = _int(body, "master_port", 1, 65535)
+        world = _int(body, "world_size", 2, 1 << 16)
+        rank = _int(body, "rank_offset", 1, world - 1)
+        backend = body.get("backend", "nccl")
+        require(backend == "gloo", f"the embedded server runs on CPU: 'backend' must be gloo (got {backend!r})")
+        self.groups.pop(name, None)  # a trainer that re-forms its group replaces the old one
+        store = dist.TCPStore(addr, port, world, is_master=False, timeout=self.timeout)
+        self.groups[name] = dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, world, self.timeout)
+
+    def receive(self, body: Mapping[str, Any], model: Any) -> dict[str, Any]:
+        """The tensors an ``/update_weights_from_distributed`` body announces, received from rank 0.
+
+        Tensors that do not fit ``model`` are still received (so the trainer's broadcast
+        completes and the group stays usable), then refused with :class:`BadRequest`.
+        """
+        import torch
+
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        name = body.get("group_name", "weight_update_group")
+        require(isinstance(names, list) and all(isinstance(n, str) for n in names), "'names' must be a list of strings")
+        require(isinstance(dtypes, list) and all(d in _DTYPES for d in dtypes),
+                f"'dtypes' must be a list of {', '.join(_DTYPES)}")  # fmt: skip
+        require(isinstance(shapes, list) and all(isinstance(s, list) and all(isinstance(x, int) and x >= 0 for x in s)
+                                                 for s in shapes), "'shapes' must be a list of lists of sizes")
+        assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+        require(len(names) == len(dtypes) == len(shapes), "'names', 'dtypes' and 'shapes' differ in length")
+        require(name in self.groups, f"no weight update group {name!r}: call /init_weights_update_group first")
+        group = self.groups[name]
+        state = {n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(names, dtypes, shapes, strict=True)}
+        for tensor in state.values():
+            group.broadcast(tensor, 0).wait()
+        try:
+            check_fit({n: t.shape for n, t in state.items()}, model, "the broadcast", complete=False)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        return state
