@@ -420,7 +420,7 @@ class LoggingConfig:
 class ExperimentConfig:
     """One experiment: every section, loaded from YAML plus key=value overrides."""
 
-    experiment_name: str = f("default", "Groups trials under runs/<experiment_name>/.")
+    experiment_name: str | None = f(None, "Groups trials under runs/<experiment_name>/; None = the env's name.")
     trial_name: str = f("trial", "Output dir is runs/<experiment_name>/<trial_name>/.")
     output_dir: str = f("runs", "Root directory of run outputs.")
     mode: str = f("full", "full (rollout + train) | rollout (write JSONL) | train (from JSONL).")
@@ -443,6 +443,8 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         _choice(self.mode, "mode", ("full", "rollout", "train"))
+        if self.experiment_name is None and dataclasses.is_dataclass(self.env):
+            self.experiment_name = self.env.name  # runs of different envs never share a run dir
         _check(
             self.mode != "train" or self.train_data is not None,
             "train_data",
@@ -476,4 +478,4 @@ class ExperimentConfig:
     def run_dir(self) -> str:
         import os
 
-        return os.path.join(self.output_dir, self.experiment_name, self.trial_name)
+        return os.path.join(self.output_dir, self.experiment_name or self.env.name, self.trial_name)

@@ -36,7 +36,7 @@ from trainers import dist as tdist
 if TYPE_CHECKING:
     from trainers.engine import TrainEngine
 
-__all__ = ["Checkpointer", "find_latest", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointMismatch", "Checkpointer", "find_latest", "rng_state", "set_rng_state"]
 
 _PREFIX = "step_"
 
@@ -95,6 +95,10 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+class CheckpointMismatch(ValueError):
+    """The newest checkpoint was written by a run that differs in what resuming needs."""
+
+
 class Checkpointer:
     """Save/load checkpoints of a :class:`~trainers.engine.TrainEngine` under ``root``.
 
@@ -102,10 +106,11 @@ class Checkpointer:
     ``keep`` complete checkpoints are kept (older ones are deleted after a save).
     """
 
-    def __init__(self, root: str | os.PathLike[str], keep: int = 2) -> None:
+    def __init__(self, root: str | os.PathLike[str], keep: int = 2, fingerprint: dict[str, Any] | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (got {keep})")
         self.root, self.keep = Path(root), keep
+        self.fingerprint = fingerprint  # what a run must share to resume these checkpoints (env, model...)
         self._stop = False
 
     # -- model state ----------------------------------------------------------------------
@@ -143,7 +148,8 @@ class Checkpointer:
                      "schedulers": {n: sm.scheduler.state_dict() for n, sm in engine.trainable().items()
                                     if sm.scheduler is not None}}
             torch.save(state, tmp / "state.pt")
-            (tmp / "meta.json").write_text(json.dumps({"step": step, "version": version, "complete": True}))
+            meta = {"step": step, "version": version, "fingerprint": self.fingerprint, "complete": True}
+            (tmp / "meta.json").write_text(json.dumps(meta))
             _fsync_tree(tmp)
             if final.exists():
                 shutil.rmtree(final)
@@ -192,9 +198,24 @@ class Checkpointer:
         return {"step": int(state["step"]), "version": int(state["version"]), "rollout": state["rollout"],
                 "extra": state["extra"], "path": str(path)}
 
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint (rank 0 decides which), or None if there is none.
+
+        Raises :class:`CheckpointMismatch` when it was written under another
+        :attr:`fingerprint`, e.g. by a run of another env or model.
+        """
+        latest = tdist.broadcast_object(find_latest(self.root) if tdist.get_rank() == 0 else None)
+        if latest is None:
+            return None
+        saved = (_complete(Path(latest)) or {}).get("fingerprint")
+        if self.fingerprint is not None and saved is not None and saved != self.fingerprint:
+            diff = ", ".join(f"{k} {saved.get(k)!r} (now {v!r})" for k, v in self.fingerprint.items() if saved.get(k) != v)
+            raise CheckpointMismatch(f"{latest} belongs to another run: {diff}")
+        return Path(latest)
+
     def load_latest(self, engine: TrainEngine) -> dict[str, Any] | None:
-        """Load the newest complete checkpoint (rank 0 decides which), or None if there is none."""
-        latest = tdist.broadcast_object(find_latest(self.root) if engine.rank == 0 else None)
+        """Load :meth:`latest` into ``engine``; None if there is no checkpoint."""
+        latest = self.latest()
         return None if latest is None else self.load(engine, latest)
 
     # -- SIGTERM ----------------------------------------------------------------------------

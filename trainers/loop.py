@@ -35,7 +35,7 @@ from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor, write_rollouts
 from trainers import dist as tdist
 from trainers.batching import collate, load_trajectories
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint import Checkpointer, CheckpointMismatch
 from trainers.engine import TrainEngine
 from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
@@ -55,6 +55,14 @@ def cli_run(args: argparse.Namespace) -> int:
         return tdist.run_torchrun(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:])
     run(cfg)
     return 0
+
+
+def _latest_checkpoint(ckpt: Checkpointer) -> Path | None:
+    try:
+        return ckpt.latest()
+    except CheckpointMismatch as exc:
+        raise ConfigError("trainer.recover", f"{exc}; set another experiment_name or trial_name, "
+                                             "or trainer.recover=disabled to start over") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -116,7 +124,6 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
     seed_everything(cfg.seed + rank)
     display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
     t_start = time.monotonic()
@@ -126,10 +133,16 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     transformers.utils.logging.disable_progress_bar()
     model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
+    ckpt = Checkpointer(run_dir / "checkpoints", fingerprint={
+        "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name})
+    resume_from = _latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode == "full" else None
+    if main:  # after the checks above, so that a refused run leaves the directory as it was
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = algorithms.get(cfg.algorithm.name)
     set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))
-    logger = MetricsLogger(run_dir, cfg.logging, config={"experiment": cfg.experiment_name}) if main else None
+    logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
+                           config={"experiment": cfg.experiment_name}) if main else None
     if cfg.mode == "train":
         summary = train_from_file(cfg, model_path, spec, logger)
         if logger is not None:
@@ -169,9 +182,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         engine = TrainEngine(cfg, model_path)
         sync = make_weight_sync(cfg, addresses, run_dir / "weights")
         stack.callback(sync.close)
-        ckpt = Checkpointer(run_dir / "checkpoints")
         step = version = 0
-        if cfg.trainer.recover == "auto" and (state := ckpt.load_latest(engine)) is not None:
+        if resume_from is not None:
+            state = ckpt.load(engine, resume_from)
             step, version = state["step"], state["version"]
             if executor is not None:
                 executor.load_state_dict(state["rollout"])

@@ -119,3 +119,32 @@ def test_run_on_two_trainer_ranks_with_gloo_weight_broadcast(tmp_path: Path) -> 
     shards = sorted(p.name for p in (run_dir / "checkpoints").rglob("*.distcp"))
     assert any(n.startswith("__0_") for n in shards) and any(n.startswith("__1_") for n in shards), shards
     assert (run_dir / "final" / "model.safetensors").exists()
+
+
+def test_rerun_resumes_its_own_checkpoint_and_refuses_another_runs(tmp_path: Path) -> None:
+    """A second run in the same run dir resumes (``trainer.recover=auto``) and appends to the
+    metrics; a run that differs in env, model or algorithm is refused in one line and changes
+    nothing there."""
+    texts = [f"{a}+{b}= {a + b}" for a in range(10, 40) for b in range(10, 40)]
+    model = build_tiny_model(texts, tmp_path / "model")
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    common = ["run", "--env", "math", f"actor.path={model}", f"output_dir={tmp_path / 'runs'}", "trainer.save_every=1",
+              "rollout.batch_size=2", "rollout.group_size=2", "sampling.max_new_tokens=6", "eval.n=4", "eval.every=0",
+              "logging.progress=false", "logging.plots=false", "logging.tensorboard=false"]  # fmt: skip
+    first = _cli([*common, "trainer.total_steps=2"], env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "math" / "trial"  # experiment_name defaults to the env's name
+    before = {name: (run_dir / name).read_bytes() for name in ("metrics.jsonl", "config.yaml")}
+
+    refused = _cli([*common, "trainer.total_steps=3", "algorithm.name=rloo"], env)
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.recover:"), refused.stderr
+    assert "algorithm 'grpo' (now 'rloo')" in lines[0] and "Traceback" not in refused.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+    resumed = _cli([*common, "trainer.total_steps=3"], env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "recovered step 2" in resumed.stdout + resumed.stderr
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]  # the first run's history is kept

@@ -56,6 +56,6 @@ def test_quickstart_custom_env_trains_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
     run_command(["areal-agents", "run", "--env", "reverse", *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path,
                 python=python)
-    steps = train_steps(tmp_path / "runs" / "default" / "trial")
+    steps = train_steps(tmp_path / "runs" / "reverse" / "trial")
     assert [r["step"] for r in steps] == [1, 2]
-    assert "reverse " in (tmp_path / "runs" / "default" / "trial" / "samples.jsonl").read_text()
+    assert "reverse " in (tmp_path / "runs" / "reverse" / "trial" / "samples.jsonl").read_text()

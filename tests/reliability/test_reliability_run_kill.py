@@ -42,7 +42,7 @@ def alive(pids: list[int]) -> list[int]:
 def test_killed_run_leaves_no_servers_and_recovers(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", *SETTINGS, f"output_dir={tmp_path / 'runs'}"]
     env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    run_dir = tmp_path / "runs" / "default" / "trial"
+    run_dir = tmp_path / "runs" / "math" / "trial"
     ckpts = run_dir / "checkpoints"
     log1 = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log1, stderr=subprocess.STDOUT)

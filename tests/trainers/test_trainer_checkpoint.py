@@ -13,7 +13,7 @@ import pytest
 import torch
 from trainer_helpers import make_cfg, nll_loss_fn, step_batch, tiny_qwen
 
-from trainers.checkpoint import Checkpointer, find_latest
+from trainers.checkpoint import Checkpointer, CheckpointMismatch, find_latest
 from trainers.engine import TrainEngine
 
 HELPERS = Path(__file__).with_name("trainer_helpers.py")
@@ -66,6 +66,19 @@ def test_half_written_checkpoints_are_ignored(model_dir: Path, tmp_path: Path) -
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         ckpt.load(engine, torn)
     assert ckpt.load_latest(engine)["step"] == 3
+
+
+def test_checkpoints_of_another_run_are_refused(model_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    engine = TrainEngine(make_cfg(), model_dir)
+    mine = {"env": "math", "model": str(model_dir), "algorithm": "grpo"}
+    Checkpointer(root, fingerprint=mine).save(engine, step=3, version=3)
+    assert Checkpointer(root, fingerprint=dict(mine)).latest() == root / "step_00000003"
+    other = Checkpointer(root, fingerprint={**mine, "env": "countdown"})
+    with pytest.raises(CheckpointMismatch, match=r"env 'math' \(now 'countdown'\)") as info:
+        other.load_latest(engine)
+    assert "\n" not in str(info.value)
+    assert Checkpointer(root).latest() == root / "step_00000003"  # no fingerprint asked: any checkpoint
 
 
 def test_sigterm_requests_a_save(model_dir: Path, tmp_path: Path) -> None:
