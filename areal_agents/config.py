@@ -427,6 +427,9 @@ class ExperimentConfig:
     train_data: str | None = f(None, "mode=train: rollout JSONL to train from.")
     seed: int = f(1, "Global seed.")
     imports: list[str] = f([], "Modules or .py files imported first, to register custom envs/agents/algorithms.")
+    allocation_mode: str | None = f(None, "Device split shorthand: 'sglang.d2t2+d4' = 2 SGLang servers x TP 2 "
+                                          "(GPUs 0-3) + 4 trainer ranks (GPUs 4-7); sets inference.backend/"
+                                          "num_servers, sglang.tp_size, trainer.nproc/device.")
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     data: DataConfig = field(default_factory=DataConfig)

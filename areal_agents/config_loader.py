@@ -11,6 +11,7 @@ import difflib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
 
-__all__ = ["config_fields", "config_reference", "import_user_module", "load_config", "to_yaml"]
+__all__ = ["config_fields", "config_reference", "import_user_module", "load_config", "parse_allocation_mode", "to_yaml"]
 
 T = TypeVar("T")
 
@@ -191,6 +192,48 @@ def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
     return dict(getattr(spec, "defaults", {}) or {})
 
 
+_ALLOCATION = re.compile(r"(sglang|embedded)\.d(\d+)(?:p(\d+))?(?:t(\d+))?\+d(\d+)(?:p(\d+))?(?:t(\d+))?")
+
+
+def parse_allocation_mode(mode: str) -> dict[str, Any]:
+    """The keys an ``allocation_mode`` such as ``sglang.d2t2+d4`` stands for (``d`` data
+    parallel, ``p`` pipeline, ``t`` tensor parallel; inference part + trainer part)."""
+    m = _ALLOCATION.fullmatch(mode.replace(" ", ""))
+    if m is None:
+        raise ConfigError("allocation_mode", f"expected e.g. 'sglang.d2t2+d4' or 'embedded.d2+d1' (got {mode!r})")
+    backend, servers, gen_pp, tp, ranks, train_pp, train_tp = m.groups()
+    if (gen_pp or "1") != "1" or (train_pp or "1") != "1" or (train_tp or "1") != "1":
+        raise ConfigError("allocation_mode", f"only p1 and a trainer of FSDP ranks (dN, t1) are supported (got {mode!r})")
+    if min(int(servers), int(tp or 1), int(ranks)) < 1:
+        raise ConfigError("allocation_mode", f"every size must be >= 1 (got {mode!r})")
+    if backend == "embedded" and int(tp or 1) != 1:
+        raise ConfigError("allocation_mode", "embedded servers have no tensor parallelism (t1)")
+    return {"inference.backend": backend, "inference.num_servers": int(servers), "sglang.tp_size": int(tp or 1),
+            "trainer.nproc": int(ranks), "trainer.device": "cuda" if backend == "sglang" else "cpu"}
+
+
+def _allocation_layer(layers: list[DictConfig]) -> DictConfig | None:
+    """The keys of the last ``allocation_mode`` given, refusing explicit values that contradict it."""
+    mode = None
+    for layer in layers:
+        try:
+            mode = OmegaConf.select(layer, "allocation_mode", default=mode)
+        except OmegaConfBaseException as exc:
+            raise _omega_error(exc, "allocation_mode") from None
+    if mode is None:
+        return None
+    keys = parse_allocation_mode(str(mode))
+    for key, value in keys.items():
+        for layer in layers:
+            given = OmegaConf.select(layer, key, default=None, throw_on_resolution_failure=False)
+            if given is not None and given != value:
+                raise ConfigError(key, f"is {given!r} but allocation_mode={mode} implies {value!r}")
+    layer = OmegaConf.create({})
+    for key, value in keys.items():
+        OmegaConf.update(layer, key, value)
+    return layer
+
+
 def load_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
@@ -220,6 +263,8 @@ def load_config(
     for layer in layers:
         _check_keys(layer, known)
     _import_user_modules(layers)
+    if (allocation := _allocation_layer(layers)) is not None:
+        layers.insert(0, allocation)
     if apply_algorithm_defaults:
         defaults = _algorithm_defaults(layers)
         if defaults:

@@ -78,6 +78,10 @@ BAD = [
     (["trainer.weight_sync=nccl"], "trainer.weight_sync", "embedded servers take gloo"),
     (["trainer.weight_sync=rsync"], "trainer.weight_sync", "one of"),
     (["trainer.first_gpu=-1"], "trainer.first_gpu", ">= 0"),
+    (["allocation_mode=gpu:4"], "allocation_mode", "sglang.d2t2+d4"),
+    (["allocation_mode=sglang.d1p2t1+d2"], "allocation_mode", "only p1"),
+    (["allocation_mode=embedded.d2t2+d1"], "allocation_mode", "no tensor parallelism"),
+    (["allocation_mode=embedded.d2+d1", "inference.num_servers=3"], "inference.num_servers", "implies 2"),
 ]
 
 
@@ -89,6 +93,23 @@ def test_bad_values_name_the_key(overrides, key, rule):
     assert msg.startswith(key + ":"), msg
     assert rule in msg, msg
     assert "\n" not in msg
+
+
+def test_allocation_mode_sets_the_device_split(monkeypatch):
+    import importlib.metadata as md
+
+    from areal_agents.config_loader import parse_allocation_mode
+
+    cfg = load_config(overrides=["allocation_mode=embedded.d2+d2", "actor.path=/m", "trainer.nproc=2"])
+    assert (cfg.inference.backend, cfg.inference.num_servers, cfg.trainer.nproc, cfg.trainer.device) == \
+        ("embedded", 2, 2, "cpu")  # an explicit value that agrees is fine
+    assert parse_allocation_mode("sglang.d2p1t2+d4p1t1") == {
+        "inference.backend": "sglang", "inference.num_servers": 2, "sglang.tp_size": 2, "trainer.nproc": 4,
+        "trainer.device": "cuda"}
+    real = md.version  # fault injection: pretend sglang 0.5.2 is installed
+    monkeypatch.setattr(md, "version", lambda name: "0.5.2" if name == "sglang" else real(name))
+    cfg = load_config(overrides=["allocation_mode=sglang.d2t2+d4"])
+    assert (cfg.sglang.tp_size, cfg.trainer_first_gpu, cfg.trainer.nproc) == (2, 4, 4)
 
 
 def test_trainer_gpus_follow_the_launched_sglang_servers():
