@@ -81,8 +81,12 @@ def _rollout_async(d: dict[str, Any]) -> Row:
 def _trainer(d: dict[str, Any]) -> Row:
     value = _num(d["engine_train_only_tokens_per_s"], "tokens/s")
     value += f" (whole step with logprob recompute: {_num(d['engine_tokens_per_s'], 'tokens/s')})"
-    return Row(f"Trainer update, batch {d['batch']}, mixed lengths ({d.get('device', 'cpu')})", value,
-               f"padded PyTorch loop: {_num(d['plain_padded_tokens_per_s'], 'tokens/s')}",
+    if "engine_peak_mem_mb" in d:
+        value += f", peak {d['engine_peak_mem_mb']:,.0f} MB"
+    base = f"padded PyTorch loop: {_num(d['plain_padded_tokens_per_s'], 'tokens/s')}"
+    if "plain_peak_mem_mb" in d:
+        base += f", peak {d['plain_peak_mem_mb']:,.0f} MB"
+    return Row(f"Trainer update, batch {d['batch']}, mixed lengths ({d.get('device', 'cpu')})", value, base,
                d["speedup_train_only_vs_plain"], d.get("target", "—"), d.get("meets_target"), "bench_trainer.py")
 
 
