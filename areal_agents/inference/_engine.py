@@ -41,6 +41,7 @@ class GenRequest:
     stop_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     done: Callable[[GenRequest], None] | None = None
+    on_token: Callable[[GenRequest], None] | None = None  # after each token but the last (streaming)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
@@ -308,6 +309,8 @@ class Engine:
         if n >= req.max_new_tokens or len(req.prompt) + n >= self.context_len:
             self._finish(req, {"type": "length", "length": n})
             return True
+        if req.on_token is not None:
+            req.on_token(req)
         return False
 
     def _finish(self, req: GenRequest, reason: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ _TOP_LEVEL = {
     "token_ids_logprob", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
 }  # fmt: skip
 # Accepted only at their neutral value: the embedded server does not implement them.
-_NEUTRAL_TOP = {"stream": False, "lora_path": None, "image_data": None, "custom_logit_processor": None,
+_NEUTRAL_TOP = {"lora_path": None, "image_data": None, "custom_logit_processor": None,
                 "token_ids_logprob": None, "top_logprobs_num": 0, "bootstrap_host": None,
                 "bootstrap_port": None, "bootstrap_room": None, "data_parallel_rank": None}  # fmt: skip
 _NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,

@@ -79,7 +79,7 @@ async def _call(app: web.Application, fn: Any) -> Any:
     return await asyncio.wrap_future(app[_ENGINE].call(fn))
 
 
-async def _generate(request: web.Request) -> web.Response:
+async def _generate(request: web.Request) -> web.StreamResponse:
     from areal_agents.inference._engine import GenRequest
 
     engine = request.app[_ENGINE]
@@ -89,8 +89,12 @@ async def _generate(request: web.Request) -> web.Response:
     specs, as_list, return_logprob = parse_generate(
         body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len
     )
+    stream = body.get("stream", False)
+    require(isinstance(stream, bool), "'stream' must be true or false")
+    require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
     loop = asyncio.get_running_loop()
     start = time.monotonic()
+    progress: asyncio.Queue[None] = asyncio.Queue()
     futures: list[asyncio.Future[GenRequest]] = []
     reqs: list[GenRequest] = []
     for spec in specs:
@@ -102,6 +106,7 @@ async def _generate(request: web.Request) -> web.Response:
             min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
             done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r),
+            on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )  # fmt: skip
         reqs.append(req)
         if req.max_new_tokens <= 0:
@@ -110,6 +115,8 @@ async def _generate(request: web.Request) -> web.Response:
         else:
             engine.submit(req)
     try:
+        if stream:
+            return await _stream(request, specs[0], reqs[0], futures[0], progress, return_logprob, start)
         done = await asyncio.gather(*futures)
     except asyncio.CancelledError:  # the client went away: free its batch slots
         ids = {id(r) for r in reqs}
@@ -125,6 +132,42 @@ async def _generate(request: web.Request) -> web.Response:
         for spec, r in zip(specs, done, strict=True)
     ]  # fmt: skip
     return web.json_response(bodies if as_list else bodies[0])
+
+
+async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future[Any], progress: asyncio.Queue[None],
+                  return_logprob: bool, start: float) -> web.StreamResponse:
+    """Server-sent events as SGLang sends them: ``data: {reply so far}`` per new token (text,
+    ids and logprobs cumulative, ``finish_reason`` null until the last), then ``data: [DONE]``."""
+    engine = request.app[_ENGINE]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+
+    async def send(n: int, finish: dict[str, Any] | None) -> None:
+        body = response_body(spec, req.output_ids[:n], req.logprobs[:n], req.versions[:n], finish,
+                             req.matched_stop if finish else None, engine.weight_version, time.monotonic() - start,
+                             return_logprob, engine.tokenizer)  # fmt: skip
+        await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+
+    sent = 0
+    try:
+        while not fut.done():
+            waiter = asyncio.ensure_future(progress.get())
+            await asyncio.wait([waiter, fut], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            n = len(req.output_ids)
+            if not fut.done() and n > sent:
+                await send(n, None)
+                sent = n
+        if req.error:
+            error = {"error": {"message": f"generation failed: {req.error}"}}
+            await resp.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+        else:
+            await send(len(req.output_ids), req.finish)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except ConnectionResetError:  # the client went away mid-stream: free its batch slot
+        engine.call(lambda: engine.abort_where(lambda r: r is req, "client disconnected"))
+    return resp
 
 
 def _resolve(fut: asyncio.Future[Any], req: Any) -> None:

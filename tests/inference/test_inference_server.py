@@ -230,7 +230,8 @@ BAD_BODIES: list[Any] = [
     {"input_ids": [1], "sampling_params": {"n": 0}}, {"input_ids": [1], "sampling_params": {"stop": [1]}},
     {"input_ids": [1], "sampling_params": {"stop_token_ids": [99999]}}, {"input_ids": [1], "sampling_params": {"bogus": 1}},
     {"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, {"input_ids": [1], "return_logprob": "yes"},
-    {"input_ids": [1], "rid": 5}, {"input_ids": [[1], [2]], "rid": ["a"]}, {"input_ids": [1], "stream": True},
+    {"input_ids": [1], "rid": 5}, {"input_ids": [[1], [2]], "rid": ["a"]}, {"input_ids": [[1], [2]], "stream": True},
+    {"input_ids": [1], "stream": "yes"}, {"input_ids": [1], "stream": True, "sampling_params": {"n": 2}},
     {"input_ids": [1], "unknown_field": 1}, {"input_ids": [1] * 5000},
     {"input_ids": [1], "sampling_params": {"temperature": float("nan")}},
 ]  # fmt: skip
@@ -257,6 +258,48 @@ def test_bad_requests_get_400_json_and_the_server_keeps_serving(server: ServerHa
     assert httpx.get(server.url + "/health").status_code == 200
     ok = generate(server, input_ids=[1, 2], sampling_params={"max_new_tokens": 2})
     assert len(ok["output_ids"]) == 2
+
+
+def _events(raw: bytes) -> list[Any]:
+    chunks = [c for c in raw.split(b"\n\n") if c]
+    assert all(c.startswith(b"data: ") for c in chunks), raw[:300]
+    return [c[6:].decode() if c == b"data: [DONE]" else json.loads(c[6:]) for c in chunks]
+
+
+def test_stream_sends_the_reply_token_by_token(server: ServerHandle, models: tuple[Path, Path]) -> None:
+    body = {"input_ids": [5, 9, 12], "sampling_params": {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True},
+            "return_logprob": True}
+    whole = generate(server, **body)
+    resp = post(server, "/generate", {**body, "stream": True})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = _events(resp.content)
+    assert events[-1] == "[DONE]"
+    replies = events[:-1]
+    sizes = [len(r["output_ids"]) for r in replies]  # cumulative; tokens made between two sends share an event
+    assert len(sizes) >= 2 and sizes == sorted(set(sizes)) and sizes[-1] == 48
+    assert all(r["meta_info"]["finish_reason"] is None for r in replies[:-1])
+    last = replies[-1]
+    assert last["output_ids"] == whole["output_ids"] and last["text"] == whole["text"]
+    assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 48}
+    got = [lp for lp, _, _ in last["meta_info"]["output_token_logprobs"]]
+    want = [lp for lp, _, _ in whole["meta_info"]["output_token_logprobs"]]
+    assert got == pytest.approx(want, abs=1e-5)
+    for a, b in zip(replies[:-1], replies[1:], strict=True):  # every event extends the one before
+        assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
+
+
+def test_a_stream_reader_that_goes_away_frees_its_batch_slot(server: ServerHandle) -> None:
+    before = httpx.get(server.url + "/server_info").json()["batching"]["generated_tokens"]
+    body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}, "stream": True}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as resp:
+        first = next(resp.iter_lines())
+        assert first.startswith("data: ") and json.loads(first[6:])["output_ids"]
+    deadline = time.monotonic() + 30
+    while httpx.get(server.url + "/server_info").json()["batching"]["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    batching = httpx.get(server.url + "/server_info").json()["batching"]
+    assert batching["num_running"] == 0
+    assert batching["generated_tokens"] - before < 1000  # stopped early, not run to the end
 
 
 def test_a_client_that_goes_away_frees_its_batch_slot(server: ServerHandle) -> None:

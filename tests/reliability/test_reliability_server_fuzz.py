@@ -144,7 +144,12 @@ def json_body(rng: random.Random) -> tuple[bytes, bool]:
 
 
 def check_reply(status: int, raw: bytes, logprob: bool) -> str:
-    """'' if the reply is acceptable, else what is wrong with it."""
+    """'' if the reply is acceptable, else what is wrong with it (a stream: its final event)."""
+    if status == 200 and raw.startswith(b"data: "):
+        events = [e for e in raw.split(b"\n\n") if e]
+        if len(events) < 2 or events[-1] != b"data: [DONE]" or not all(e.startswith(b"data: ") for e in events):
+            return f"a malformed event stream: {raw[-200:]!r}"
+        raw = events[-2][len(b"data: "):]
     try:
         body = json.loads(raw)
     except ValueError:
