@@ -118,13 +118,18 @@ def read_records(path: str) -> list[tuple[int, dict[str, Any]]]:
     """``(line_number, record)`` pairs of a JSONL or Parquet file; errors name file and line."""
     if path.endswith(".parquet"):
         try:
-            import datasets  # type: ignore[import-not-found]
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
         except ImportError:
             raise DatasetError(
-                f"{path}: reading Parquet needs the 'datasets' package: pip install 'areal-agents[parquet]'"
+                f"{path}: reading Parquet needs the 'pyarrow' package: pip install 'areal-agents[parquet]'"
             ) from None
-        table = datasets.Dataset.from_parquet(path)
-        return [(i + 1, dict(r)) for i, r in enumerate(table)]
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow's errors for a truncated or foreign file
+            raise DatasetError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+        if not rows:
+            raise DatasetError(f"{path}: no records")
+        return [(i + 1, row) for i, row in enumerate(rows)]
     records = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):

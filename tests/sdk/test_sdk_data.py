@@ -80,18 +80,38 @@ def test_bad_files_name_file_line_and_field(tmp_path, content: str, message: str
         gsm8k_dataset("train", path=str(path))
 
 
-def test_missing_file_and_parquet_without_datasets(tmp_path) -> None:
+def test_missing_file(tmp_path) -> None:
     with pytest.raises(DatasetError, match="no such file"):
         jsonl_dataset("train", path=str(tmp_path / "nope.jsonl"))
     with pytest.raises(DatasetError, match="needs path"):
         jsonl_dataset("train")
-    try:
-        import datasets as hf_datasets  # noqa: F401
-    except ImportError:
-        pq = tmp_path / "x.parquet"
-        pq.write_bytes(b"PAR1")
-        with pytest.raises(DatasetError, match=r"x\.parquet: reading Parquet needs the 'datasets' package"):
-            jsonl_dataset("train", path=str(pq))
+
+
+def test_parquet_files_load_like_jsonl(tmp_path, monkeypatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = {"train": [{"question": f"What is {a} + 2?", "answer": f"{a} + 2 = {a + 2}\n#### {a + 2}"}
+                         for a in range(6)],
+               "test": [{"question": "What is 9 + 9?", "answer": "#### 18"}]}
+    for split, rows in records.items():
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"gsm8k_{split}.parquet")
+    cfg = ExperimentConfig(env=EnvConfig(name="math"),
+                           data=DataConfig(name="gsm8k", path=str(tmp_path / "gsm8k_{split}.parquet")))
+    train, test = load_dataset_rows(cfg, "train"), load_dataset_rows(cfg, "test")
+    assert [r["answer"] for r in train] == [str(a + 2) for a in range(6)] and test[0]["answer"] == "18"
+    assert train[0]["prompt"] == "What is 0 + 2?"
+    rows = jsonl_dataset("train", path=str(tmp_path / "gsm8k_train.parquet"), prompt_field="question")
+    assert rows[0]["prompt"] == "What is 0 + 2?" and len(rows) == 6
+
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not really")
+    with pytest.raises(DatasetError, match=r"broken\.parquet: not a readable Parquet file") as info:
+        jsonl_dataset("train", path=str(broken))
+    assert "\n" not in str(info.value)
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow.parquet", None)  # fault injection: pyarrow missing
+    with pytest.raises(DatasetError, match=r"reading Parquet needs the 'pyarrow' package"):
+        jsonl_dataset("train", path=str(tmp_path / "gsm8k_train.parquet"), prompt_field="question")
 
 
 def test_load_dataset_rows_uses_env_default_and_config() -> None:
