@@ -28,6 +28,7 @@ __all__ = [
     "init_distributed",
     "is_main",
     "run_torchrun",
+    "shutdown",
     "spawn",
     "torchrun_command",
 ]
@@ -108,8 +109,15 @@ def _spawn_entry(rank: int, fn: Callable[..., Any], world: int, port: int, args:
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     fn(rank, world, *args)
+    shutdown()
+
+
+def shutdown() -> None:
+    """Leave the default process group cleanly: once every rank is here, destroy it (a rank
+    that exits with its group alive can abort while the others still talk to it)."""
     if dist.is_initialized():
-        dist.barrier()  # no rank tears down its group while another still talks to it
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

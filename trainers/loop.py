@@ -54,6 +54,8 @@ def cli_run(args: argparse.Namespace) -> int:
     if cfg.trainer.nproc > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks
         return tdist.run_torchrun(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:])
     run(cfg)
+    if "WORLD_SIZE" in os.environ:  # a torchrun rank: leave together (after an error torchrun stops them all)
+        tdist.shutdown()
     return 0
 
 

@@ -20,12 +20,14 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal_agents.inference._weights import new_weight_group
 from trainers import dist as tdist
 from trainers.engine import DTYPES
 
@@ -192,9 +194,16 @@ class DistributedWeightSync(WeightSync):
         self.master_address, self.master_port = master_address, master_port
         self.fallback = fallback
         self.group: Any = None
-        self._store: Any = None
+        self._formed = 0  # groups made so far
+        self._id = uuid.uuid4().hex[:8]
         self.members: list[str] = []  # the servers of the current group, in rank order
         self.last_error: str | None = None  # why the last sync fell back to disk
+
+    @property
+    def current_name(self) -> str:
+        """Name of the current (or next) group: ``group_name``, this sync's id and how many
+        groups it made (a restarted trainer never reuses a name the servers still hold)."""
+        return f"{self.group_name}-{self._id}-{max(1, self._formed)}"
 
     def world_size(self, n_servers: int | None = None) -> int:
         return 1 + (len(self.addresses) if n_servers is None else n_servers) * self.server_world
@@ -205,52 +214,46 @@ class DistributedWeightSync(WeightSync):
         port = self.master_port if self.master_port is not None else 0
         return [_control().init_weights_update_group_payload(
                     self.master_address, port, 1 + i * self.server_world, self.world_size(len(servers)),
-                    group_name=self.group_name, backend=self.backend)
+                    group_name=self.current_name, backend=self.backend)
                 for i in range(len(servers))]
 
     def update_payload(self, state: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast order."""
         return _control().update_weights_from_distributed_payload(
             list(state), [t.dtype for t in state.values()], [list(t.shape) for t in state.values()],
-            version=version, group_name=self.group_name)
+            version=version, group_name=self.current_name)
 
     @staticmethod
     def _while(request: Callable[[], None], work: Callable[[], None]) -> None:
-        """Run the blocking HTTP ``request`` in a thread while this thread does ``work``."""
+        """Run the collective ``work`` in a thread while this thread makes the blocking HTTP
+        ``request``. A refused request raises at once: the work, which would wait for the
+        servers until the group's timeout, is left to time out on its own."""
         errors: list[BaseException] = []
 
-        def call() -> None:
+        def run() -> None:
             try:
-                request()
+                work()
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 errors.append(exc)
 
-        thread = threading.Thread(target=call, daemon=True)
+        thread = threading.Thread(target=run, daemon=True, name="weight-broadcast")
         thread.start()
-        try:
-            work()
-        finally:
-            thread.join()
+        request()
+        thread.join()
         if errors:
             raise errors[0]
 
     def _init_group(self, servers: list[str]) -> None:
         """Servers join over HTTP while rank 0 creates its side (both block until all meet)."""
-        import datetime
-
         self.close()
         port = self.master_port or tdist.free_port()
-        world, timeout = self.world_size(len(servers)), datetime.timedelta(seconds=self.timeout_s)
+        world = self.world_size(len(servers))
+        self._formed += 1  # group names are process-wide in torch (and SGLang): each group a new one
         payloads = [dict(p, master_port=port) for p in self.init_group_payloads(servers)]
 
         def create() -> None:
-            store = torch.distributed.TCPStore(self.master_address, port, world, is_master=True, timeout=timeout)
-            prefixed = torch.distributed.PrefixStore(self.group_name, store)
-            if self.backend == "gloo":
-                self.group = torch.distributed.ProcessGroupGloo(prefixed, 0, world, timeout)
-            else:
-                self.group = torch.distributed.ProcessGroupNCCL(prefixed, 0, world)
-            self._store = store
+            self.group = new_weight_group(self.backend, self.master_address, port, world, 0, self.current_name,
+                                          self.timeout_s)
 
         self._while(lambda: _control().init_weights_update_group(servers, payloads, timeout=self.timeout_s), create)
         self.members = list(servers)
@@ -293,7 +296,7 @@ class DistributedWeightSync(WeightSync):
             tdist.barrier()
 
     def close(self) -> None:
-        self.group, self.members, self._store = None, [], None
+        self.group, self.members = None, []
 
 
 def make_weight_sync(cfg: Any, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:

@@ -11,7 +11,7 @@ from typing import Any
 
 from areal_agents.inference._protocol import BadRequest, require
 
-__all__ = ["WeightGroups", "check_fit", "load_state_dict"]
+__all__ = ["WeightGroups", "check_fit", "load_state_dict", "new_weight_group"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -49,6 +49,22 @@ def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
     return state
 
 
+def new_weight_group(backend: str, address: str, port: int, world_size: int, rank: int, name: str,
+                     timeout_s: float) -> Any:
+    """This process's side (``rank``) of a weight-update group, laid out as SGLang lays out its
+    own: a TCP store at ``address:port`` served by rank 0, keys prefixed by ``name``, then
+    torch's group helper. Trainer rank 0, SGLang's ranks and the embedded server meet alike.
+    Blocks until all ``world_size`` ranks have joined."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _new_process_group_helper
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout)
+    made = _new_process_group_helper(world_size, rank, [], backend, dist.PrefixStore(name, store), group_name=name,
+                                     timeout=timeout)
+    return made[0] if isinstance(made, tuple) else made
+
+
 def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     v = body.get(key)
     require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
@@ -68,8 +84,6 @@ class WeightGroups:
 
     def join(self, body: Mapping[str, Any]) -> None:
         """Join the group of an ``/init_weights_update_group`` body as ranks ``rank_offset``."""
-        import torch.distributed as dist
-
         addr, name = body.get("master_address"), body.get("group_name", "weight_update_group")
         require(isinstance(addr, str) and bool(addr), "'master_address' (a string) is required")
         require(isinstance(name, str) and bool(name), "'group_name' must be a non-empty string")
@@ -78,9 +92,9 @@ class WeightGroups:
         rank = _int(body, "rank_offset", 1, world - 1)
         backend = body.get("backend", "nccl")
         require(backend == "gloo", f"the embedded server runs on CPU: 'backend' must be gloo (got {backend!r})")
-        self.groups.pop(name, None)  # a trainer that re-forms its group replaces the old one
-        store = dist.TCPStore(addr, port, world, is_master=False, timeout=self.timeout)
-        self.groups[name] = dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, world, self.timeout)
+        require(name not in self.groups, f"weight update group {name!r} exists already: a new group takes a new name")
+        group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout.total_seconds())
+        self.groups = {name: group}  # a trainer that re-forms its group leaves the old one
 
     def receive(self, body: Mapping[str, Any], model: Any) -> dict[str, Any]:
         """The tensors an ``/update_weights_from_distributed`` body announces, received from rank 0.

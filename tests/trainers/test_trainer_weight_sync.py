@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,13 +139,14 @@ def test_nccl_requests(model_dir: Path) -> None:
     p = sync.init_group_payloads()
     assert [x["rank_offset"] for x in p] == [1, 3]
     assert all(x["world_size"] == 5 and x["master_address"] == "10.0.0.1" and x["master_port"] == 29555
-               and x["backend"] == "nccl" and x["group_name"] == sync.group_name for x in p)
+               and x["backend"] == "nccl" and x["group_name"] == sync.current_name for x in p)
     state = {"a.weight": torch.zeros(3, 4, dtype=torch.bfloat16), "b.bias": torch.zeros(7)}
     body = sync.update_payload(state, 12)
     assert body["names"] == ["a.weight", "b.bias"]
     assert body["dtypes"] == ["bfloat16", "float32"]
     assert body["shapes"] == [[3, 4], [7]]
-    assert body["weight_version"] == "12" and body["group_name"] == sync.group_name
+    assert body["weight_version"] == "12" and body["group_name"] == sync.current_name
+    assert sync.current_name.startswith("areal_agents_weights-") and sync.current_name.endswith("-1")
 
 
 class _MislabelledBroadcast(DistributedWeightSync):
@@ -169,3 +171,25 @@ def test_refused_broadcast_falls_back_to_disk(model_dir: Path, servers: ServerGr
     sync.sync(engine, 12)  # the group is made anew and refused again: the run goes on through disk
     _assert_server_matches_trainer(addr, engine, "12")
     sync.close()
+
+
+class _FixedName(DistributedWeightSync):
+    """Fault injection: every instance asks for the same group name."""
+
+    @property
+    def current_name(self) -> str:
+        return "fixed-name"
+
+
+def test_a_refused_group_falls_back_at_once(model_dir: Path, servers: ServerGroup, tmp_path: Path) -> None:
+    addr = servers[0].address
+    engine = TrainEngine(make_cfg(), model_dir)
+    first = _FixedName([addr], backend="gloo", timeout_s=60, fallback=DiskWeightSync([addr], tmp_path / "w1"))
+    first.sync(engine, 21)
+    assert first.last_error is None
+    second = _FixedName([addr], backend="gloo", timeout_s=60, fallback=DiskWeightSync([addr], tmp_path / "w2"))
+    t0 = time.monotonic()
+    second.sync(engine, 22)  # the server holds that name already and refuses to join again
+    assert "exists already" in (second.last_error or "")
+    assert time.monotonic() - t0 < 30  # not the group's 60 s timeout
+    assert control.model_info(addr)["weight_version"] == "22"  # through disk
