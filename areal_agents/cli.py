@@ -7,6 +7,7 @@ stays importable without torch; each handler receives the parsed arguments.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,32 @@ COMMANDS = {
     "serve": "areal_agents.inference.server:cli_serve",
     "plot": "areal_agents.plotting:cli_plot",
 }
+
+
+# Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
+# a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
+_USER_ERRORS = (
+    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError",
+    "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
+    "areal_agents.inference.launcher:LaunchError", "trainers.checkpoint:CheckpointMismatch",
+)
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):  # missing files, full disks, refused ports
+        return True
+    for spec in _USER_ERRORS:
+        module, name = spec.split(":")
+        loaded = sys.modules.get(module)  # only an imported module can have raised its error
+        if loaded is not None and isinstance(exc, getattr(loaded, name)):
+            return True
+    return False
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    more = f" (+{len(lines) - 1} lines: AREAL_AGENTS_TRACEBACK=1 shows them)" if len(lines) > 1 else ""
+    return f"{type(exc).__name__}: {lines[0]}{more}"
 
 
 def _add_config_args(p: argparse.ArgumentParser, env_required: bool = False) -> None:
@@ -154,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not _is_user_error(exc) or os.environ.get("AREAL_AGENTS_TRACEBACK") == "1":
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -193,6 +193,21 @@ def test_cli_prints_one_line_and_no_traceback():
         assert key in lines[0] and "Traceback" not in proc.stderr
 
 
+def test_bad_input_found_at_run_time_is_one_line_too(tmp_path):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": oops}\n')
+    cases = ((["data.name=jsonl", f"data.path={tmp_path / 'missing.jsonl'}"], "DatasetError: jsonl_dataset: no such file"),
+             (["data.name=jsonl", f"data.path={bad}"], "rows.jsonl:2: not valid JSON"))
+    for args, message in cases:
+        proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", *args,
+                               f"output_dir={tmp_path / 'runs'}", f"sft.output_dir={tmp_path / 'warm'}"],
+                              capture_output=True, text=True, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith("error: ") and message in lines[0] and "Traceback" not in proc.stderr
+        assert not (tmp_path / "warm").exists()  # stopped before any model was built
+
+
 def test_config_show_lists_fields_with_defaults():
     proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "config", "show"],
                           capture_output=True, text=True, timeout=120)
