@@ -15,7 +15,7 @@ from typing import Any
 from areal_agents.config import ConfigError
 from areal_agents.registry import KINDS, RegistryError, load_object
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "check_model_dir", "main"]
 
 # subcommand -> implementation; each is called as fn(args) and returns an exit code.
 # For run/sft/eval, ``args.cfg`` holds the validated ExperimentConfig.
@@ -52,6 +52,19 @@ def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     more = f" (+{len(lines) - 1} lines: AREAL_AGENTS_TRACEBACK=1 shows them)" if len(lines) > 1 else ""
     return f"{type(exc).__name__}: {lines[0]}{more}"
+
+
+def check_model_dir(path: str | None, key: str) -> None:
+    """A local model path must be a Hugging Face model directory; hub ids pass through."""
+    if path is None:
+        return
+    local = os.path.expanduser(path)
+    if not (os.path.isabs(local) or local.startswith(".") or os.path.exists(local)):
+        return  # e.g. Qwen/Qwen2.5-1.5B-Instruct, for a machine that can reach the hub
+    if not os.path.isdir(local):
+        raise ConfigError(key, f"no such model directory: {path}")
+    if not os.path.isfile(os.path.join(local, "config.json")):
+        raise ConfigError(key, f"{path} is not a Hugging Face model directory (no config.json)")
 
 
 def _add_config_args(p: argparse.ArgumentParser, env_required: bool = False) -> None:
@@ -166,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_config(args)
         if args.command in ("run", "sft", "eval"):
             args.cfg = load_args_config(args)  # validate before importing anything heavy
+            check_model_dir(args.cfg.actor.path, "actor.path")
+        if args.command in ("eval", "serve"):
+            check_model_dir(args.model, "--model")
         spec = COMMANDS[args.command]
         try:
             handler = load_object(spec)

@@ -193,6 +193,18 @@ def test_cli_prints_one_line_and_no_traceback():
         assert key in lines[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["run", "--env", "math", "actor.path=/no/such/model"], "actor.path: no such model directory"),
+    (["run", "--env", "math", "actor.path=/tmp"], "actor.path: /tmp is not a Hugging Face model directory"),
+    (["eval", "--env", "math", "--model", "./nope"], "--model: no such model directory"),
+    (["serve", "--model", "/nope"], "--model: no such model directory"),
+])
+def test_a_model_path_that_is_not_a_model_is_one_line(args, message):
+    proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_bad_input_found_at_run_time_is_one_line_too(tmp_path):
     bad = tmp_path / "rows.jsonl"
     bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": oops}\n')
