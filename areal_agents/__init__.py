@@ -29,10 +29,11 @@ _LAZY = {
     "make_env": "areal_agents.env",
     "Agent": "areal_agents.agent",
     "ChatAgent": "areal_agents.agent",
+    "checked_step": "areal_agents.agent",
 }
 
 if TYPE_CHECKING:
-    from areal_agents.agent import Agent, ChatAgent
+    from areal_agents.agent import Agent, ChatAgent, checked_step
     from areal_agents.env import Env, check_env, make_env
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Registry",
     "Trajectory",
     "check_env",
+    "checked_step",
     "load_config",
     "make_env",
     "register_agent",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal_agents.types import Trajectory
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from areal_agents.env import Env, Observation
     from areal_agents.llm import LLM
 
-__all__ = ["Agent", "ChatAgent", "jsonable"]
+__all__ = ["Agent", "ChatAgent", "EnvStep", "checked_step", "jsonable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -45,6 +46,39 @@ class Agent(ABC):
     @abstractmethod
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
         """Reset ``env`` with ``options=row`` (and ``seed``), play it with ``llm``, return the episode."""
+
+
+@dataclass
+class EnvStep:
+    """One ``env.astep`` as an agent needs it: its five values, or ``error`` (reward 0) when
+    the env raised, returned the wrong shape or a non-finite reward. ``reward_status`` is the
+    env's report of a failed reward (``reward_error`` / ``timeout``), if any."""
+
+    obs: Any = ""
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def reward_status(self) -> str | None:
+        status = self.info.get("reward_status")
+        return status if status in ("reward_error", "timeout") else None
+
+
+async def checked_step(env: Env, action: str) -> EnvStep:
+    """``env.astep(action)``, never raising: a misbehaving env gives ``EnvStep(error=...)``."""
+    try:
+        obs, reward, terminated, truncated, info = await env.astep(action)
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"env returned a non-finite reward {reward}")
+        if not isinstance(info, dict):
+            raise TypeError(f"env returned info of type {type(info).__name__}, not dict")
+    except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
+        return EnvStep(error=f"step: {type(exc).__name__}: {exc}")
+    return EnvStep(obs, reward, bool(terminated), bool(truncated), info)
 
 
 def _as_messages(obs: Observation) -> list[dict[str, Any]]:
@@ -111,27 +145,20 @@ class ChatAgent(Agent):
                 rewards.append(0.0)
                 status, end_reason = "aborted", "aborted"
                 break
-            try:
-                obs, reward, terminated, truncated, step_info = await env.astep(text)
-                reward = float(reward)
-                if not math.isfinite(reward):
-                    raise ValueError(f"env returned a non-finite reward {reward}")
-            except Exception as exc:  # noqa: BLE001
-                rewards.append(0.0)
-                status, end_reason = "env_error", "env_error"
-                info["error"] = f"step: {type(exc).__name__}: {exc}"
+            step = await checked_step(env, text)
+            rewards.append(step.reward)
+            if step.error is not None:
+                status, end_reason, info["error"] = "env_error", "env_error", step.error
                 break
-            rewards.append(reward)
-            info.update(step_info)
-            if step_info.get("reward_status") in ("reward_error", "timeout"):
-                status = step_info["reward_status"]
-            if terminated or truncated:
-                end_reason = "terminated" if terminated else "truncated"
+            info.update(step.info)
+            status = step.reward_status or status
+            if step.terminated or step.truncated:
+                end_reason = "terminated" if step.terminated else "truncated"
                 break
             if budget <= 0:
                 end_reason = "max_tokens"
                 break
-            messages += _as_messages(obs)
+            messages += _as_messages(step.obs)
         info["end_reason"] = end_reason
         info["num_turns"] = len(rewards)
         info.setdefault("success", False)

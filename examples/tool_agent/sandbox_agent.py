@@ -14,13 +14,12 @@ costs a factor γ.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from typing import TYPE_CHECKING, Any
 
 from areal_agents import Agent
-from areal_agents.agent import jsonable
+from areal_agents.agent import checked_step, jsonable
 from areal_agents.env import run_in_thread
 from areal_agents.sandbox import run_python
 
@@ -96,23 +95,19 @@ class SandboxToolAgent(Agent):
                 rewards.append(0.0)
                 messages.append({"role": "user", "content": output})
                 continue
-            try:  # an answer (or a tool call over the budget, which the env handles its own way)
-                obs, reward, terminated, truncated, step_info = await env.astep(text)
-                reward = float(reward)
-                if not math.isfinite(reward):
-                    raise ValueError(f"env returned a non-finite reward {reward}")
-            except Exception as exc:  # noqa: BLE001
-                rewards.append(0.0)
+            # an answer (or a tool call over the budget, which the env handles its own way)
+            step = await checked_step(env, text)  # never raises: a broken env gives step.error
+            rewards.append(step.reward)
+            if step.error is not None:
                 status = end_reason = "env_error"
-                info["error"] = f"step: {type(exc).__name__}: {exc}"
+                info["error"] = step.error
                 break
-            rewards.append(reward)
-            info.update(step_info)
-            if step_info.get("reward_status") in ("reward_error", "timeout"):
-                status = step_info["reward_status"]
-            if terminated or truncated:
-                end_reason = "terminated" if terminated else "truncated"
+            info.update(step.info)
+            status = step.reward_status or status
+            if step.terminated or step.truncated:
+                end_reason = "terminated" if step.terminated else "truncated"
                 break
+            obs = step.obs
             messages += [{"role": "user", "content": obs}] if isinstance(obs, str) else [dict(m) for m in obs]
         info.update(end_reason=end_reason, num_turns=len(rewards), turn_finish_reasons=llm.finish_reasons)
         info.setdefault("success", False)

@@ -273,3 +273,58 @@ def test_reward_failure_reported_by_the_env_sets_the_status() -> None:
 
     traj = play(FailingRewardEnv(), ScriptedLLM(["x"]), max_turns=2)
     assert traj.status == "timeout" and traj.info["reward_error"] == "slow"
+
+
+class Misbehaving(Env):
+    """Fault injection: ``step`` returns what ``self.reply`` says."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+
+@pytest.mark.parametrize(("reply", "error"), [
+    (RuntimeError("boom"), "step: RuntimeError: boom"),
+    (("obs", 1.0, True), "step: ValueError: not enough values to unpack"),
+    (("obs", float("nan"), True, False, {}), "non-finite reward nan"),
+    (("obs", "abc", True, False, {}), "step: ValueError: could not convert string to float"),
+    (("obs", 1.0, True, False, ["not", "a", "dict"]), "info of type list, not dict"),
+])
+def test_checked_step_turns_a_misbehaving_env_into_an_error(reply: Any, error: str) -> None:
+    from areal_agents import checked_step
+
+    step = asyncio.run(checked_step(Misbehaving(reply), "x"))
+    assert step.error is not None and error in step.error and step.reward == 0.0
+
+
+def test_checked_step_passes_a_good_step_through() -> None:
+    from areal_agents import checked_step
+
+    env = Misbehaving(("next", 2, 1, 0, {"reward_status": "timeout", "success": True}))
+    step = asyncio.run(checked_step(env, "x"))
+    assert (step.obs, step.reward, step.terminated, step.truncated, step.error) == ("next", 2.0, True, False, None)
+    assert step.reward_status == "timeout" and step.info["success"] is True
+
+
+def test_customize_guide_agent_runs_verbatim() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "customize.md").read_text()
+    code = re.search(r"## Agent\n\n```python\n(.*?)```", text, flags=re.DOTALL).group(1)
+    code = code.replace("**my_kwargs): ...", "**my_kwargs):\n        self.turn_discount = turn_discount")
+    scope: dict[str, Any] = {}
+    exec(compile(code, "customize.md", "exec"), scope)  # the guide's agent class, as written
+    agent = scope["MyAgent"]()
+    traj = asyncio.run(agent.run(EchoEnv(turns=1), ScriptedLLM(["ok"], CharTokenizer())))
+    assert traj.status == "ok" and traj.turn_rewards == [1.0] and traj.info["success"] is True
+    broken = asyncio.run(agent.run(EchoEnv(fail_at=1), ScriptedLLM(["ok"], CharTokenizer())))
+    assert broken.status == "env_error" and "boom in step" in broken.info["error"]
