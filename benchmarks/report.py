@@ -90,6 +90,12 @@ def _trainer(d: dict[str, Any]) -> Row:
                d["speedup_train_only_vs_plain"], d.get("target", "—"), d.get("meets_target"), "bench_trainer.py")
 
 
+def _weight_sync(d: dict[str, Any]) -> Row:
+    return Row(f"Weight sync to an embedded server, {d['parameters'] / 1e6:.0f}M parameters ({d['megabytes']:.0f} MB)",
+               f"gloo broadcast: {d['gloo_s']:.2f} s", f"disk (safetensors + reload): {d['disk_s']:.2f} s",
+               d["ratio"], f"≥ {d.get('target_ratio', 1.0)}", d.get("meets_target"), "bench_weight_sync.py")
+
+
 # results file stem -> row builder; files not listed here (e.g. reliability.json) are not benchmarks
 BUILDERS: dict[str, Callable[[dict[str, Any]], Row]] = {
     "inference_server": _inference_server,
@@ -98,6 +104,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Row]] = {
     "rollout_async": _rollout_async,
     "rollout_async_embedded": _rollout_async,
     "trainer": _trainer,
+    "weight_sync": _weight_sync,
 }
 
 

@@ -72,7 +72,7 @@ def test_report_on_the_repository_results(tmp_path: Path) -> None:
     proc = _report("--results", str(results), "--readme", str(readme))
     assert proc.returncode == 0, proc.stderr
     known = ("inference_server", "inference_client", "rollout_overhead", "rollout_async", "rollout_async_embedded",
-             "trainer")
+             "trainer", "weight_sync")
     present = [k for k in known if (results / f"{k}.json").is_file()]
     table = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "---" not in line]
     assert present and len(table) == 1 + len(present)
