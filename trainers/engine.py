@@ -93,11 +93,14 @@ class ShardedModel:
 
     def __init__(self, cfg: ExperimentConfig, path: Path, mesh: Any, device: torch.device, *, kind: str,
                  lr: float | None, total_steps: int) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        with torch.random.fork_rng(devices=[]):  # a fresh value head is identical on every rank
+        with torch.random.fork_rng(devices=[]):  # fresh weights (a value head, ...) are identical on every rank
             torch.manual_seed(cfg.seed)
-            lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            if kind == "value" and not cfg.actor.init_critic_from_actor:  # the critic's body starts from scratch
+                lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+            else:
+                lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
             model = ValueModel(lm) if kind == "value" else lm
         self.kind, self.config = kind, lm.config
         model.to(device)

@@ -112,6 +112,19 @@ def test_reference_model_stays_frozen_and_critic_trains(model_dir: Path) -> None
     assert m[-1]["vloss"] < m[0]["vloss"] and m[0]["critic/grad_norm"] > 0
 
 
+@pytest.mark.parametrize("from_actor", [True, False])
+def test_critic_body_starts_from_the_actor_or_from_scratch(model_dir: Path, from_actor: bool) -> None:
+    cfg = make_cfg()
+    cfg.actor.init_critic_from_actor = from_actor
+    engine = TrainEngine(cfg, model_dir, critic=True)
+    actor = dict(engine.actor.model.named_parameters())
+    body = {f"model.{k}": v for k, v in engine.critic.model.body.named_parameters()}
+    assert body and set(body) <= set(actor)
+    # matrices only: norms start at 1 and biases at 0 either way
+    same = [torch.equal(v, actor[k]) for k, v in body.items() if k.endswith("weight") and "norm" not in k]
+    assert all(same) if from_actor else not any(same)
+
+
 def test_lr_schedule() -> None:
     assert [lr_lambda(s, 2, 10, "constant", 0.1) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
     assert lr_lambda(2, 2, 10, "cosine", 0.1) == pytest.approx(1.0)
