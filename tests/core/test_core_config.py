@@ -78,6 +78,8 @@ BAD = [
     (["trainer.weight_sync=nccl"], "trainer.weight_sync", "embedded servers take gloo"),
     (["trainer.weight_sync=rsync"], "trainer.weight_sync", "one of"),
     (["trainer.first_gpu=-1"], "trainer.first_gpu", ">= 0"),
+    (["trainer.weight_sync=gloo", "inference.backend=remote", "inference.addresses=[gpu-7:30000]"],
+     "trainer.weight_sync_address", "servers on other hosts (gpu-7) cannot join a gloo group at 127.0.0.1"),
     (["allocation_mode=gpu:4"], "allocation_mode", "sglang.d2t2+d4"),
     (["allocation_mode=sglang.d1p2t1+d2"], "allocation_mode", "only p1"),
     (["allocation_mode=embedded.d2t2+d1"], "allocation_mode", "no tensor parallelism"),
@@ -110,6 +112,13 @@ def test_allocation_mode_sets_the_device_split(monkeypatch):
     monkeypatch.setattr(md, "version", lambda name: "0.5.2" if name == "sglang" else real(name))
     cfg = load_config(overrides=["allocation_mode=sglang.d2t2+d4"])
     assert (cfg.sglang.tp_size, cfg.trainer_first_gpu, cfg.trainer.nproc) == (2, 4, 4)
+
+
+def test_remote_servers_join_a_weight_group_at_a_reachable_address():
+    base = ["trainer.weight_sync=gloo", "inference.backend=remote"]
+    assert load_config(overrides=[*base, "inference.addresses=[127.0.0.1:30000]"])  # loopback: fine
+    cfg = load_config(overrides=[*base, "inference.addresses=[gpu-7:30000]", "trainer.weight_sync_address=10.0.0.5"])
+    assert cfg.trainer.weight_sync_address == "10.0.0.5"
 
 
 def test_trainer_gpus_follow_the_launched_sglang_servers():
