@@ -66,6 +66,23 @@ class EnvStep:
         status = self.info.get("reward_status")
         return status if status in ("reward_error", "timeout") else None
 
+    @property
+    def end_reason(self) -> str | None:
+        """Why the episode ends here (``env_error``, ``terminated``, ``truncated``), or None."""
+        if self.error is not None:
+            return "env_error"
+        return "terminated" if self.terminated else "truncated" if self.truncated else None
+
+    def record(self, rewards: list[float], info: dict[str, Any], status: str) -> str:
+        """Append this turn's reward and merge its info (or the error) into an episode's
+        ``rewards`` / ``info``; return the episode status after it."""
+        rewards.append(self.reward)
+        if self.error is not None:
+            info["error"] = self.error
+            return "env_error"
+        info.update(self.info)
+        return self.reward_status or status
+
 
 async def checked_step(env: Env, action: str) -> EnvStep:
     """``env.astep(action)``, never raising: a misbehaving env gives ``EnvStep(error=...)``."""
@@ -146,14 +163,9 @@ class ChatAgent(Agent):
                 status, end_reason = "aborted", "aborted"
                 break
             step = await checked_step(env, text)
-            rewards.append(step.reward)
-            if step.error is not None:
-                status, end_reason, info["error"] = "env_error", "env_error", step.error
-                break
-            info.update(step.info)
-            status = step.reward_status or status
-            if step.terminated or step.truncated:
-                end_reason = "terminated" if step.terminated else "truncated"
+            status = step.record(rewards, info, status)
+            if step.end_reason is not None:
+                end_reason = step.end_reason
                 break
             if budget <= 0:
                 end_reason = "max_tokens"

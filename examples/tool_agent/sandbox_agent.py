@@ -97,15 +97,9 @@ class SandboxToolAgent(Agent):
                 continue
             # an answer (or a tool call over the budget, which the env handles its own way)
             step = await checked_step(env, text)  # never raises: a broken env gives step.error
-            rewards.append(step.reward)
-            if step.error is not None:
-                status = end_reason = "env_error"
-                info["error"] = step.error
-                break
-            info.update(step.info)
-            status = step.reward_status or status
-            if step.terminated or step.truncated:
-                end_reason = "terminated" if step.terminated else "truncated"
+            status = step.record(rewards, info, status)
+            if step.end_reason is not None:
+                end_reason = step.end_reason
                 break
             obs = step.obs
             messages += [{"role": "user", "content": obs}] if isinstance(obs, str) else [dict(m) for m in obs]

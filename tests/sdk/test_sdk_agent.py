@@ -303,6 +303,10 @@ def test_checked_step_turns_a_misbehaving_env_into_an_error(reply: Any, error: s
 
     step = asyncio.run(checked_step(Misbehaving(reply), "x"))
     assert step.error is not None and error in step.error and step.reward == 0.0
+    rewards: list[float] = []
+    info: dict[str, Any] = {"kept": 1}
+    assert step.record(rewards, info, "ok") == "env_error" and step.end_reason == "env_error"
+    assert rewards == [0.0] and info == {"kept": 1, "error": step.error}
 
 
 def test_checked_step_passes_a_good_step_through() -> None:
@@ -312,6 +316,12 @@ def test_checked_step_passes_a_good_step_through() -> None:
     step = asyncio.run(checked_step(env, "x"))
     assert (step.obs, step.reward, step.terminated, step.truncated, step.error) == ("next", 2.0, True, False, None)
     assert step.reward_status == "timeout" and step.info["success"] is True
+    rewards, info = [0.5], {"kept": 1}
+    assert step.record(rewards, info, "ok") == "timeout" and step.end_reason == "terminated"
+    assert rewards == [0.5, 2.0] and info == {"kept": 1, "reward_status": "timeout", "success": True}
+    going = asyncio.run(checked_step(Misbehaving(("next", 1.0, False, False, {})), "x"))
+    assert going.end_reason is None and going.record([], {}, "reward_error") == "reward_error"
+    assert asyncio.run(checked_step(Misbehaving(("", 0.0, False, True, {})), "x")).end_reason == "truncated"
 
 
 def test_customize_guide_agent_runs_verbatim() -> None:
