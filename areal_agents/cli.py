@@ -33,7 +33,7 @@ COMMANDS = {
 _USER_ERRORS = (
     "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError",
     "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
-    "areal_agents.inference.launcher:LaunchError", "trainers.checkpoint:CheckpointMismatch",
+    "areal_agents.inference.launcher:LaunchError",
 )
 
 

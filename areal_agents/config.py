@@ -465,12 +465,12 @@ class ExperimentConfig:
                    "gloo is for embedded servers; SGLang on GPUs takes nccl (or disk)")
             _check(not (sync == "nccl" and backend == "embedded"), "trainer.weight_sync",
                    "nccl needs SGLang servers on GPUs; embedded servers take gloo (or disk)")
-            remote_hosts = [a.rsplit(":", 1)[0].split("//")[-1] for a in self.inference.addresses]
             loopback = ("127.0.0.1", "localhost", "::1", "[::1]")
-            _check(sync == "disk" or backend != "remote" or all(h in loopback for h in remote_hosts)
-                   or self.trainer.weight_sync_address not in loopback, "trainer.weight_sync_address",
-                   f"servers on other hosts ({', '.join(h for h in remote_hosts if h not in loopback)}) cannot "
-                   f"join a {sync} group at {self.trainer.weight_sync_address}: set this host's address")
+            hosts = (a.rsplit(":", 1)[0].split("//")[-1] for a in self.inference.addresses)
+            far = [h for h in hosts if h not in loopback] if sync != "disk" and backend == "remote" else []
+            _check(not far or self.trainer.weight_sync_address not in loopback, "trainer.weight_sync_address",
+                   f"servers on other hosts ({', '.join(far)}) cannot join a {sync} group at "
+                   f"{self.trainer.weight_sync_address}: set this host's address")
         if dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent):
             if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
                 self.algorithm.max_response_tokens = self.agent.max_tokens

@@ -118,13 +118,27 @@ def _materialise(node: DictConfig, prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "config", _first_line(str(exc), exc)) from None
 
 
+def _select(layer: DictConfig, key: str) -> Any:
+    """``key`` of one layer (None when absent); OmegaConf's errors become a ConfigError naming it."""
+    try:
+        return OmegaConf.select(layer, key, default=None)
+    except OmegaConfBaseException as exc:
+        raise _omega_error(exc, key) from None
+
+
+def _last_given(layers: list[DictConfig], key: str) -> Any:
+    """``key`` as the last layer that sets it has it, or None."""
+    value = None
+    for layer in layers:
+        given = _select(layer, key)
+        value = value if given is None else given
+    return value
+
+
 def _import_user_modules(layers: list[DictConfig]) -> None:
     """Import the ``imports`` entries (module names or ``.py`` paths) of every layer."""
     for layer in layers:
-        try:
-            entries = OmegaConf.select(layer, "imports", default=None)
-        except OmegaConfBaseException as exc:
-            raise _omega_error(exc, "imports") from None
+        entries = _select(layer, "imports")
         if entries is None:
             continue
         if isinstance(entries, str):
@@ -171,14 +185,8 @@ def _check_names(cfg: ExperimentConfig) -> None:
 
 def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
     """Defaults of the named algorithm chosen in ``layers`` (spec.defaults), if registered."""
-    name = "grpo"
-    for layer in layers:
-        try:
-            value = OmegaConf.select(layer, "algorithm.name", default=None)
-        except OmegaConfBaseException as exc:
-            raise _omega_error(exc, "algorithm.name") from None
-        if value is not None:
-            name = str(value)
+    given = _last_given(layers, "algorithm.name")
+    name = "grpo" if given is None else str(given)
     from areal_agents.registry import RegistryError, algorithms
 
 
@@ -214,12 +222,7 @@ def parse_allocation_mode(mode: str) -> dict[str, Any]:
 
 def _allocation_layer(layers: list[DictConfig]) -> DictConfig | None:
     """The keys of the last ``allocation_mode`` given, refusing explicit values that contradict it."""
-    mode = None
-    for layer in layers:
-        try:
-            mode = OmegaConf.select(layer, "allocation_mode", default=mode)
-        except OmegaConfBaseException as exc:
-            raise _omega_error(exc, "allocation_mode") from None
+    mode = _last_given(layers, "allocation_mode")
     if mode is None:
         return None
     keys = parse_allocation_mode(str(mode))

@@ -208,10 +208,11 @@ class DistributedWeightSync(WeightSync):
     def world_size(self, n_servers: int | None = None) -> int:
         return 1 + (len(self.addresses) if n_servers is None else n_servers) * self.server_world
 
-    def init_group_payloads(self, servers: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Body of ``/init_weights_update_group`` for each server, in order."""
+    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None) -> list[dict[str, Any]]:
+        """Body of ``/init_weights_update_group`` for each server, in order (``port``: the
+        trainer's store, ``master_port`` unless given)."""
         servers = self.addresses if servers is None else servers
-        port = self.master_port if self.master_port is not None else 0
+        port = port or self.master_port or 0
         return [_control().init_weights_update_group_payload(
                     self.master_address, port, 1 + i * self.server_world, self.world_size(len(servers)),
                     group_name=self.current_name, backend=self.backend)
@@ -249,7 +250,7 @@ class DistributedWeightSync(WeightSync):
         port = self.master_port or tdist.free_port()
         world = self.world_size(len(servers))
         self._formed += 1  # group names are process-wide in torch (and SGLang): each group a new one
-        payloads = [dict(p, master_port=port) for p in self.init_group_payloads(servers)]
+        payloads = self.init_group_payloads(servers, port)
 
         def create() -> None:
             self.group = new_weight_group(self.backend, self.master_address, port, world, 0, self.current_name,

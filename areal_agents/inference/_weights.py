@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from areal_agents.inference._protocol import BadRequest, require
+from areal_agents.inference._protocol import BadRequest, _is_int, require
 
 __all__ = ["WeightGroups", "check_fit", "load_state_dict", "new_weight_group"]
 
@@ -67,20 +67,21 @@ def new_weight_group(backend: str, address: str, port: int, world_size: int, ran
 
 def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     v = body.get(key)
-    require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
+    require(_is_int(v) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
     return int(v)
 
 
 class WeightGroups:
-    """The process groups this server joined with trainers, by ``group_name``.
+    """The weight-update process group this server is in (the newest one it joined).
 
     Both methods block (run them off the event loop): :meth:`join` until every member of the
     group has joined, :meth:`receive` until the trainer has broadcast every announced tensor.
     """
 
     def __init__(self, timeout_s: float = 300.0) -> None:
-        self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.groups: dict[str, Any] = {}
+        self.timeout_s = timeout_s
+        self.name: str | None = None
+        self.group: Any = None
 
     def join(self, body: Mapping[str, Any]) -> None:
         """Join the group of an ``/init_weights_update_group`` body as ranks ``rank_offset``."""
@@ -92,9 +93,9 @@ class WeightGroups:
         rank = _int(body, "rank_offset", 1, world - 1)
         backend = body.get("backend", "nccl")
         require(backend == "gloo", f"the embedded server runs on CPU: 'backend' must be gloo (got {backend!r})")
-        require(name not in self.groups, f"weight update group {name!r} exists already: a new group takes a new name")
-        group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout.total_seconds())
-        self.groups = {name: group}  # a trainer that re-forms its group leaves the old one
+        require(name != self.name, f"weight update group {name!r} exists already: a new group takes a new name")
+        self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)
+        self.name = name  # a trainer that re-forms its group leaves the old one
 
     def receive(self, body: Mapping[str, Any], model: Any) -> dict[str, Any]:
         """The tensors an ``/update_weights_from_distributed`` body announces, received from rank 0.
@@ -109,15 +110,14 @@ class WeightGroups:
         require(isinstance(names, list) and all(isinstance(n, str) for n in names), "'names' must be a list of strings")
         require(isinstance(dtypes, list) and all(d in _DTYPES for d in dtypes),
                 f"'dtypes' must be a list of {', '.join(_DTYPES)}")  # fmt: skip
-        require(isinstance(shapes, list) and all(isinstance(s, list) and all(isinstance(x, int) and x >= 0 for x in s)
+        require(isinstance(shapes, list) and all(isinstance(s, list) and all(_is_int(x) and x >= 0 for x in s)
                                                  for s in shapes), "'shapes' must be a list of lists of sizes")
         assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
         require(len(names) == len(dtypes) == len(shapes), "'names', 'dtypes' and 'shapes' differ in length")
-        require(name in self.groups, f"no weight update group {name!r}: call /init_weights_update_group first")
-        group = self.groups[name]
+        require(name == self.name, f"no weight update group {name!r}: call /init_weights_update_group first")
         state = {n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(names, dtypes, shapes, strict=True)}
         for tensor in state.values():
-            group.broadcast(tensor, 0).wait()
+            self.group.broadcast(tensor, 0).wait()
         try:
             check_fit({n: t.shape for n, t in state.items()}, model, "the broadcast", complete=False)
         except ValueError as exc:

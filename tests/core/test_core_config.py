@@ -97,10 +97,15 @@ def test_bad_values_name_the_key(overrides, key, rule):
     assert "\n" not in msg
 
 
-def test_allocation_mode_sets_the_device_split(monkeypatch):
+def test_allocation_mode_sets_the_device_split(monkeypatch, tmp_path):
     import importlib.metadata as md
 
     from areal_agents.config_loader import parse_allocation_mode
+
+    yaml = tmp_path / "split.yaml"
+    yaml.write_text("allocation_mode: embedded.d2+d1\n")
+    assert load_config(yaml).inference.num_servers == 2
+    assert load_config(yaml, ["allocation_mode=embedded.d3+d1"]).inference.num_servers == 3  # the override wins
 
     cfg = load_config(overrides=["allocation_mode=embedded.d2+d2", "actor.path=/m", "trainer.nproc=2"])
     assert (cfg.inference.backend, cfg.inference.num_servers, cfg.trainer.nproc, cfg.trainer.device) == \
