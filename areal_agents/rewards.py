@@ -13,6 +13,7 @@ exhausting the machine's memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -21,13 +22,14 @@ import pickle
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "RewardResult",
     "RewardRunner",
+    "default_runner",
     "exact_match_reward",
     "extract_answer",
     "format_reward",
@@ -328,3 +330,15 @@ def set_default_runner(runner: RewardRunner | None) -> RewardRunner | None:
     with _default_lock:
         old, _default = _default, runner
     return old
+
+
+@contextlib.contextmanager
+def default_runner(runner: RewardRunner) -> Iterator[RewardRunner]:
+    """``runner`` as the process-wide runner while inside; then the previous one is back and
+    ``runner`` is closed (its worker processes stop)."""
+    old = set_default_runner(runner)
+    try:
+        yield runner
+    finally:
+        set_default_runner(old)
+        runner.close()

@@ -22,7 +22,7 @@ from reliability_support import record
 from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
 from areal_agents.env import Env
-from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
@@ -143,12 +143,8 @@ def test_hostile_rewards_are_contained_and_counted() -> None:
              "nan": "reward_error", "inf": "reward_error", "string": "reward_error", "raise": "reward_error"}
     rows = [{"kind": k, "answer": "42"} for k in kinds] + [{"kind": "ok", "answer": "42"}] * 16
     runner = RewardRunner(timeout=10.0, max_workers=2, memory_mb=768)  # generous: worker start-up under load
-    old = set_default_runner(runner)
-    try:
+    with default_runner(runner):
         trajs, counts, stats, seconds = run_rows(RewardEnv, rows, timeout=60)
-    finally:
-        set_default_runner(old)
-        runner.close()
     for row, traj in zip(rows, trajs, strict=True):
         want = kinds.get(row["kind"], "ok")
         assert traj.status == want, (row, traj.status, traj.info)

@@ -20,7 +20,7 @@ from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
 from areal_agents.env import make_env
 from areal_agents.llm import LLM, Generation
-from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 
 
@@ -53,11 +53,8 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def reward_runner() -> Iterator[RewardRunner]:
-    runner = RewardRunner(timeout=15.0, max_workers=2)
-    old = set_default_runner(runner)
-    yield runner
-    set_default_runner(old)
-    runner.close()
+    with default_runner(RewardRunner(timeout=15.0, max_workers=2)) as runner:
+        yield runner
 
 
 def cases(tok: Any) -> list[tuple[str, str, list[list[int]], float]]:

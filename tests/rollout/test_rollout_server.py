@@ -27,7 +27,7 @@ from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.inference.llm_client import ClientLLM
 from areal_agents.inference.tiny_model import build_tiny_model
-from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn, write_rollouts
 from areal_agents.types import Trajectory
 
@@ -86,11 +86,8 @@ def tokenizer(models: tuple[Path, Path]) -> Any:
 
 @pytest.fixture
 def reward_runner() -> Iterator[RewardRunner]:
-    runner = RewardRunner(timeout=0.5, max_workers=2)
-    old = set_default_runner(runner)
-    yield runner
-    set_default_runner(old)
-    runner.close()
+    with default_runner(RewardRunner(timeout=0.5, max_workers=2)) as runner:
+        yield runner
 
 
 @pytest.fixture

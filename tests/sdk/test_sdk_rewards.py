@@ -12,6 +12,7 @@ import pytest
 from areal_agents.registry import rewards
 from areal_agents.rewards import (
     RewardRunner,
+    default_runner,
     exact_match_reward,
     extract_answer,
     format_reward,
@@ -158,3 +159,15 @@ def test_acompute_from_asyncio() -> None:
         return [r.value for r in results]
 
     assert asyncio.run(main()) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_default_runner_is_set_inside_then_restored_and_closed() -> None:
+    from areal_agents.rewards import get_default_runner
+
+    before = get_default_runner()
+    with default_runner(RewardRunner(timeout=5.0, max_workers=1)) as runner:
+        assert get_default_runner() is runner is not before
+        assert runner.compute("exact-match", "42", {"answer": "42"}).value == 1.0
+    assert get_default_runner() is before
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.compute("exact-match", "42", {"answer": "42"})
