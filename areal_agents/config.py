@@ -98,7 +98,7 @@ class DataConfig:
     name: str | None = f(None, "Registered dataset name; None uses the env's default dataset.")
     path: str | None = f(None, "Local JSONL/Parquet file, for datasets that read one.")
     train_size: int = f(2000, "Number of training rows (synthetic datasets).")
-    test_size: int = f(100, "Number of evaluation rows (synthetic datasets).")
+    test_size: int = f(500, "Number of evaluation rows (synthetic datasets).")
     shuffle: bool = f(True, "Shuffle training rows each epoch (seeded).")
     kwargs: dict[str, Any] = f({}, "Extra keyword arguments passed to the dataset factory.")
 
@@ -349,8 +349,12 @@ class SFTConfig:
     steps: int = f(500, "Optimiser steps of `areal-agents sft`.")
     batch_size: int = f(64, "Examples per step.")
     lr: float = f(1e-3, "Peak learning rate (cosine decay after warmup).")
-    warm_start_steps: int = f(200, "Steps of the partial SFT `run` does without actor.path (leaves RL room to learn).")
-    warm_start_lr: float = f(3e-3, "Peak learning rate of that warm start.")
+    warm_start_steps: int = f(300, "Most steps of the partial SFT `run` does without actor.path (it stops earlier "
+                                   "at warm_start_target, leaving RL room to learn).")
+    warm_start_lr: float = f(1e-3, "Peak learning rate of that warm start.")
+    warm_start_target: float = f(0.4, "The warm start stops at the first check whose greedy accuracy on the eval rows "
+                                      "is >= this; 0 trains all warm_start_steps.")
+    warm_start_check_every: int = f(5, "Steps between those checks.")
     warmup_steps: int = f(30, "Linear warmup steps.")
     eval_every: int = f(200, "Greedy eval every N steps; 0 disables.")
     output_dir: str | None = f(None, "Where to save; None uses the cache dir of the default model.")
@@ -361,6 +365,10 @@ class SFTConfig:
         _check(self.lr > 0, "lr", f"must be > 0 (got {self.lr})")
         _check(self.warm_start_steps >= 0, "warm_start_steps", f"must be >= 0 (got {self.warm_start_steps})")
         _check(self.warm_start_lr > 0, "warm_start_lr", f"must be > 0 (got {self.warm_start_lr})")
+        _check(0.0 <= self.warm_start_target <= 1.0, "warm_start_target",
+               f"must be in [0, 1] (got {self.warm_start_target})")
+        _check(self.warm_start_check_every >= 1, "warm_start_check_every",
+               f"must be >= 1 (got {self.warm_start_check_every})")
 
 
 @dataclass

@@ -279,11 +279,16 @@ class TrainEngine:
         """
         batch = self.to_batch(data)
         n = n_minibatches or self.cfg.algorithm.ppo_n_minibatches
+        if n > 1 and self._needs_prox() and "prox_logp" not in batch:  # later minibatches see updated weights
+            batch["prox_logp"] = self.compute_logprobs(batch, temperature)
         b = int(batch["input_ids"].shape[0])
         chunks = [list(range(i, b, n)) for i in range(n)] if n > 1 else [list(range(b))]
         results = [self._train_minibatch(batch if n == 1 else select(batch, c), loss_fn, temperature)
                    for c in chunks if c]
         return {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+
+    def _needs_prox(self) -> bool:
+        return self.cfg.algorithm.use_decoupled_loss or self.cfg.algorithm.recompute_logprob
 
     def _train_minibatch(self, batch: Batch, loss_fn: LossFn, temperature: float | None) -> dict[str, float]:
         temp = self._temperature(temperature)
@@ -305,6 +310,10 @@ class TrainEngine:
                 ent = ent.detach()
             values = self.critic.forward(mb, self.device, 1.0)[0] if self.critic is not None else None
             mb_dev = {k: v.to(self.device) for k, v in mb.items()}
+            if "prox_logp" not in mb_dev and self._needs_prox():
+                # One optimiser step per batch: the proximal policy is the current one, whose
+                # logprobs this forward pass has just computed (a recompute would repeat it).
+                mb_dev["prox_logp"] = logp.detach()
             loss, metrics = loss_fn(logp, mb_dev, self.cfg.algorithm, norm, entropy=ent, values=values)
             (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
             total_loss += float(loss.detach())

@@ -92,8 +92,6 @@ def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: lis
     """One optimiser step on finished episodes: logprobs the loss needs, advantages, update."""
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
     temperature = cfg.sampling.temperature or 1.0
-    if cfg.algorithm.recompute_logprob:  # the config requires it for the decoupled loss
-        batch["prox_logp"] = engine.compute_logprobs(batch, temperature)
     if cfg.algorithm.kl_ctl > 0:
         batch["ref_logp"] = engine.compute_ref_logprobs(batch, temperature)
     if spec.needs_critic:
@@ -180,7 +178,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
             # the embedded servers hold cpus // (n + 1) threads each; oversubscribed OpenMP pools busy-wait
             cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
-            torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
+            torch.set_num_threads(int(os.environ.get("XTHREADS", max(1, cpus - n * max(1, cpus // (n + 1))))))
         engine = TrainEngine(cfg, model_path)
         sync = make_weight_sync(cfg, addresses, run_dir / "weights")
         stack.callback(sync.close)
@@ -197,9 +195,10 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         stack.enter_context(ckpt.save_on_sigterm(
             lambda: (engine, step, version, executor.state_dict() if executor else None)))
 
+        t_eval = time.monotonic()
         before = run_eval(cfg, tokenizer, addresses, test_rows, display.progress)
         if logger is not None:
-            logger.log(step, before)
+            logger.log(step, {**before, "time/eval_s": time.monotonic() - t_eval})
         if executor is not None:
             executor.start()
         display.start(total=cfg.trainer.total_steps, done=step)
@@ -234,7 +233,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
+                t3 = time.monotonic()
                 metrics.update(run_eval(cfg, tokenizer, addresses, test_rows, display.progress))
+                metrics["time/eval_s"] = time.monotonic() - t3
             if logger is not None:
                 logger.log(step, metrics)
                 logger.log_samples(step, trajs)

@@ -27,7 +27,7 @@ from areal_agents.types import Trajectory
 __all__ = ["cli_sft", "ensure_warm_model", "greedy_accuracy", "render_examples", "sft_loss", "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str]
-_WARM_VERSION = 1  # bump when the warm start recipe changes, so cached models are rebuilt
+_WARM_VERSION = 2  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
 def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
@@ -76,15 +76,16 @@ def _sft_experiment(cfg: ExperimentConfig | None, sft: SFTConfig) -> ExperimentC
 def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], sft: SFTConfig, out_dir: str | os.PathLike[str],
               *, cfg: ExperimentConfig | None = None, tokenizer: Any = None,
               eval_fn: Callable[[Any], dict[str, float]] | None = None, progress: bool = True,
-              seed: int = 0) -> dict[str, Any]:
+              seed: int = 0, stop_at: float | None = None) -> dict[str, Any]:
     """Fine-tune ``model_path`` on ``examples`` and export the result to ``out_dir`` (atomic).
 
     ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos) or
     ``(prompt_text, completion_text)`` (tokenised without special tokens, eos appended).
     ``sft.steps`` steps of ``sft.batch_size`` examples (seeded epochs), AdamW at ``sft.lr``
     with warmup + cosine decay, on the FSDP2 engine (``cfg`` gives the actor/trainer
-    settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end.
-    Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir}``.
+    settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end; with
+    ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``.
+    Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir, "stopped_early": bool}``.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -101,7 +102,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps), lr=sft.lr)
     rng = random.Random(seed)
     order: list[int] = []
-    history: dict[str, Any] = {"loss": [], "evals": []}
+    history: dict[str, Any] = {"loss": [], "evals": [], "stopped_early": False}
     t0 = time.monotonic()
     columns = (TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[acc]}"),
@@ -122,7 +123,11 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
                 result = {"step": step + 1, **eval_fn(engine.model)}
                 history["evals"].append(result)
                 bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
-        if eval_fn is not None:
+                if stop_at is not None and next(v for k, v in result.items() if k != "step") >= stop_at:
+                    history["stopped_early"] = True
+                    bar.update(task, total=step + 1)
+                    break
+        if eval_fn is not None and not history["stopped_early"]:
             result = {"step": sft.steps, **eval_fn(engine.model)}
             history["evals"].append(result)
             bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
@@ -195,9 +200,12 @@ def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]
 def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_start: bool = False) -> Path:
     """The SFT-warm-started tiny model for ``cfg.env`` (built and cached on first use).
 
-    ``warm_start=True`` (what ``run`` and ``eval`` use) trains ``sft.warm_start_steps`` at
-    ``sft.warm_start_lr`` instead of the full ``sft.steps``: a policy that is right about half
-    the time, so that RL has something to learn.
+    ``warm_start=True`` (what ``run`` and ``eval`` use) trains at ``sft.warm_start_lr`` and
+    stops at the first check (every ``sft.warm_start_check_every`` steps, at most
+    ``sft.warm_start_steps``) whose greedy accuracy on the eval rows reaches
+    ``sft.warm_start_target``: a policy that is right part of the time, so that RL has
+    something to learn, whichever seed or machine (a fixed step count lands anywhere on the
+    steep part of the SFT curve).
 
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
     the training rows and the SFT config. The finished model dir appears atomically, with ``sft_report.json``.
@@ -208,9 +216,12 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     from areal_agents.env import make_env
     from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
 
+    stop_at = None
     if warm_start:
-        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=cfg.sft.warm_start_steps,
-                                                               lr=cfg.sft.warm_start_lr))
+        stop_at = cfg.sft.warm_start_target or None
+        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(
+            cfg.sft, steps=cfg.sft.warm_start_steps, lr=cfg.sft.warm_start_lr,
+            eval_every=cfg.sft.warm_start_check_every if stop_at else cfg.sft.eval_every))
     sft = cfg.sft
     data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, sft.steps * sft.batch_size))
     cfg_rows = dataclasses.replace(cfg, data=data)
@@ -237,8 +248,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
         def eval_fn(model: Any) -> dict[str, float]:
             return {"acc": greedy_accuracy(model, tokenizer, env, test_rows, test_prompts)}
     report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
-                       seed=cfg.seed)
-    summary = {"steps": sft.steps, "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
+                       seed=cfg.seed, stop_at=stop_at)
+    summary = {"steps": len(report["loss"]), "target": stop_at, "reached": report["stopped_early"], "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
                "evals": report["evals"], "base_model": str(base)}
     tmp = out / ".sft_report.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))

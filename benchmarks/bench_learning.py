@@ -1,0 +1,297 @@
+"""Learning speed: ``areal-agents run --env math`` against a plain synchronous PyTorch GRPO loop.
+
+Both start from the same warm-start model (the default run's, built once), train on the same
+prompts with the same reward, batch (16 prompts × 8 samples), sampling (temperature, top-p,
+max new tokens) and optimiser (AdamW, learning rate, betas, gradient clip; a constant rate,
+since a time budget fixes no step count), each on every core of the machine, each for the same
+budget of training time, and are evaluated with greedy decoding on the same held-out rows.
+
+The plain loop is the "no framework" baseline anyone could write: HF ``generate`` with
+sampling, group-normalised advantages, token-mean policy-gradient loss, one AdamW step per
+batch, all in one process, generation and training taking turns. areal-agents is the real
+command (``areal-agents run``, embedded server, async rollout), run as a subprocess.
+
+Training time excludes evaluation and start-up on both sides: it is the wall time since the
+first step began minus the time spent in evals. Reported per system, over seeds: samples/s,
+greedy accuracy at 1/2/4/8 minutes, time to first reach 0.80/0.90/0.95 and whether the
+final eval still holds it; mean, min and max. Writes ``benchmarks/results/learning.json``
+and ``learning.png`` (accuracy vs training time).
+
+    python benchmarks/bench_learning.py [--seeds 1 2 3] [--budget 480] [--eval-every 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+MARKS_MIN = (1, 2, 4, 8)
+THRESHOLDS = (0.80, 0.90, 0.95)
+TARGETS = {"samples_per_s_ratio": 1.5, "time_to_0.90_ratio": 0.6}
+
+
+def _config(seed: int) -> Any:
+    from areal_agents.config_loader import load_config
+
+    return load_config(overrides=["env.name=math", f"seed={seed}"])
+
+
+def _warm_model() -> str:
+    """The default run's warm-start model (built and cached on first use)."""
+    from trainers.sft import ensure_warm_model
+
+    return str(ensure_warm_model(_config(1), progress=False, warm_start=True))
+
+
+# ------------------------------------------------------------------------------ plain loop
+def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> dict[str, Any]:
+    """Synchronous GRPO in plain PyTorch; returns ``{"curve": [[train_s, acc], ...], ...}``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from areal_agents.data import load_dataset_rows
+    from areal_agents.env import make_env
+    from areal_agents.rewards import math_reward
+    from trainers.sft import greedy_accuracy, render_examples
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(seed)
+    cfg = _config(seed)
+    rng = random.Random(seed)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    env = make_env("math")
+    train_rows = load_dataset_rows(cfg, "train")
+    test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
+    _, train_prompts = render_examples(cfg, tok, env, train_rows)
+    _, test_prompts = render_examples(cfg, tok, env, test_rows)
+    a, s = cfg.actor, cfg.sampling
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.betas[0], a.betas[1]), weight_decay=a.weight_decay)
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    n_prompts, group = cfg.rollout.batch_size, cfg.rollout.group_size
+    order: list[int] = []
+
+    def evaluate() -> float:
+        return greedy_accuracy(model, tok, env, test_rows, test_prompts, max_new_tokens=s.max_new_tokens)
+
+    curve = [[0.0, evaluate()]]
+    train_s, steps, samples = 0.0, 0, 0
+    phase = {"generate_s": 0.0, "reward_s": 0.0, "train_s": 0.0}
+    while train_s < budget_s:
+        t0 = time.perf_counter()
+        idx = []
+        for _ in range(n_prompts):
+            if not order:
+                order = list(range(len(train_rows)))
+                rng.shuffle(order)
+            idx.append(order.pop())
+        prompts = [train_prompts[i] for i in idx for _ in range(group)]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        attn = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=s.temperature or 1.0,
+                                 top_p=s.top_p, top_k=0 if s.top_k < 0 else s.top_k, max_new_tokens=s.max_new_tokens,
+                                 eos_token_id=eos, pad_token_id=pad)
+        gen = out[:, width:]
+        # a completion ends at its first eos (kept: the model learns to stop); the rest is padding
+        done = (gen == eos).long().cumsum(1)
+        comp_mask = (done == 0) | ((gen == eos) & (done == 1))
+        t1 = time.perf_counter()
+        texts = [tok.decode(g[m].tolist(), skip_special_tokens=True) for g, m in zip(gen, comp_mask, strict=True)]
+        rows = [train_rows[i] for i in idx for _ in range(group)]
+        rewards = torch.tensor([float(math_reward(t, **row)) for t, row in zip(texts, rows, strict=True)])
+        r = rewards.view(n_prompts, group)
+        adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)
+        t2 = time.perf_counter()
+        model.train()
+        full = torch.cat([ids, gen], 1)
+        full_attn = torch.cat([attn, comp_mask.long()], 1)
+        logits = model(input_ids=full, attention_mask=full_attn).logits[:, width - 1 : -1].float()
+        logp = torch.log_softmax(logits / (s.temperature or 1.0), -1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        mask = comp_mask.float()
+        loss = -(adv[:, None] * logp * mask).sum() / mask.sum().clamp(min=1.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if a.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
+        opt.step()
+        t3 = time.perf_counter()
+        phase["generate_s"] += t1 - t0
+        phase["reward_s"] += t2 - t1
+        phase["train_s"] += t3 - t2
+        train_s += t3 - t0
+        steps += 1
+        samples += len(prompts)
+        if steps % eval_every == 0:
+            curve.append([train_s, evaluate()])
+    if curve[-1][0] != train_s:
+        curve.append([train_s, evaluate()])
+    return {"curve": curve, "steps": steps, "samples": samples, "train_s": train_s, "phases_s": phase}
+
+
+# ------------------------------------------------------------------------------ areal-agents
+def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, workdir: Path) -> dict[str, Any]:
+    """``areal-agents run --env math`` from ``model_path``; the curve comes from its metrics.jsonl."""
+    # the run's clock includes server start-up and evals; leave room so training time reaches the budget
+    max_time = budget_s * 1.35 + 30
+    cmd = [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", f"actor.path={model_path}",
+           f"seed={seed}", "trainer.total_steps=1000000", f"trainer.max_time_s={max_time}",
+           "actor.lr_schedule=constant", f"eval.every={eval_every}", "trainer.save_every=0",
+           "trainer.recover=disabled", "logging.progress=false", "logging.plots=false",
+           "logging.tensorboard=false", f"output_dir={workdir}", f"trial_name=seed{seed}"]
+    subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (workdir / "math" / f"seed{seed}" / "metrics.jsonl").open()]
+    origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
+    curve, eval_s, samples, steps = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0
+    phase = {"rollout_wait_s": 0.0, "train_s": 0.0, "sync_s": 0.0}
+    for row in rows[1:]:
+        if "time/train_s" not in row:  # the final eval row
+            continue
+        eval_s += row.get("time/eval_s", 0.0)
+        train_s = row["time/elapsed_s"] - origin - eval_s
+        steps, samples = steps + 1, samples + int(row.get("train/n_seqs", 0))
+        for k in phase:
+            phase[k] += row.get(f"time/{k}", 0.0)
+        if "eval/accuracy" in row:
+            curve.append([train_s, row["eval/accuracy"]])
+        if train_s >= budget_s:
+            break
+    final = rows[-1]
+    if curve[-1][0] < train_s and "eval/accuracy" in final and "time/train_s" not in final:
+        curve.append([train_s, final["eval/accuracy"]])  # the run's own final eval, at its last step
+    return {"curve": curve, "steps": steps, "samples": samples, "train_s": train_s, "phases_s": phase}
+
+
+# ------------------------------------------------------------------------------ analysis
+def acc_at(curve: list[list[float]], t: float) -> float:
+    """Accuracy of the last eval at or before training time ``t``."""
+    return max((c for c in curve if c[0] <= t + 1e-9), key=lambda c: c[0])[1]
+
+
+def time_to(curve: list[list[float]], thr: float) -> float | None:
+    return next((t for t, acc in curve if acc >= thr - 1e-9), None)
+
+
+def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
+    def stats(xs: list[float | None]) -> dict[str, Any]:
+        vals = [x for x in xs if x is not None]
+        if not vals:
+            return {"mean": None, "min": None, "max": None, "n": 0, "of": len(xs)}
+        return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals), "of": len(xs)}
+
+    out: dict[str, Any] = {"samples_per_s": stats([r["samples"] / r["train_s"] for r in runs])}
+    out["accuracy_at_min"] = {str(m): stats([acc_at(r["curve"], m * 60) for r in runs])
+                              for m in MARKS_MIN if m * 60 <= budget_s + 1e-9}
+    out["time_to_s"] = {}
+    for thr in THRESHOLDS:
+        times = [time_to(r["curve"], thr) for r in runs]
+        held = [t is not None and r["curve"][-1][1] >= thr - 1e-9 for t, r in zip(times, runs, strict=True)]
+        out["time_to_s"][f"{thr:.2f}"] = {**stats(times), "held_at_end": sum(held)}
+    out["final_accuracy"] = stats([r["curve"][-1][1] for r in runs])
+    return out
+
+
+def plot(result: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for name, color in (("areal", "tab:orange"), ("plain", "tab:gray")):
+        for i, run in enumerate(result["runs"][name]):
+            xs = [t / 60 for t, _ in run["curve"]]
+            ax.plot(xs, [acc for _, acc in run["curve"]], color=color, alpha=0.8, lw=1.4,
+                    label=("areal-agents run" if name == "areal" else "plain synchronous PyTorch loop") if i == 0 else None)
+    for thr in THRESHOLDS:
+        ax.axhline(thr, color="black", lw=0.5, ls=":")
+    ax.set_xlabel("training time (min, evals excluded)")
+    ax.set_ylabel(f"greedy accuracy ({result['eval_rows']} held-out sums)")
+    ax.set_title(f"Learning speed, same warm start, {len(result['seeds'])} seeds each, {result['cpus']} CPU cores")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--budget", type=float, default=480.0, help="training seconds per run (default 8 min)")
+    p.add_argument("--eval-every", type=int, default=20, help="steps between greedy evals (both systems)")
+    p.add_argument("--systems", nargs="+", default=["areal", "plain"], choices=["areal", "plain"])
+    p.add_argument("--out", type=Path, default=RESULTS / "learning.json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one plain-loop run in its own process
+    args = p.parse_args(argv)
+    if args.worker:
+        model, seed = args.worker.split(",")
+        print(json.dumps(plain_loop(model, int(seed), args.budget, args.eval_every)))
+        return 0
+
+    from rich.console import Console
+
+    console = Console()
+    model = _warm_model()
+    cfg = _config(args.seeds[0])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.systems}
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
+        for seed in args.seeds:
+            for name in args.systems:
+                t0 = time.monotonic()
+                if name == "areal":
+                    run = areal_run(model, seed, args.budget, args.eval_every, Path(tmp))
+                else:
+                    proc = subprocess.run([sys.executable, __file__, "--worker", f"{model},{seed}", "--budget",
+                                           str(args.budget), "--eval-every", str(args.eval_every)],
+                                          check=True, capture_output=True, text=True)
+                    run = json.loads(proc.stdout.strip().splitlines()[-1])
+                run["seed"] = seed
+                runs[name].append(run)
+                console.print(f"{name:6s} seed {seed}: {run['samples'] / run['train_s']:.0f} samples/s, "
+                              f"accuracy {run['curve'][0][1]:.2f} -> {run['curve'][-1][1]:.2f} in "
+                              f"{run['train_s']:.0f} s of training ({time.monotonic() - t0:.0f} s wall)")
+    summary = {name: summarise(rs, args.budget) for name, rs in runs.items()}
+    result: dict[str, Any] = {
+        "benchmark": "greedy accuracy vs training time, areal-agents run vs a plain synchronous GRPO loop",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_start)),
+        "platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_before": list(os.getloadavg()),
+        "seeds": args.seeds, "budget_s": args.budget, "eval_every": args.eval_every,
+        "eval_rows": cfg.eval.n or cfg.data.test_size, "warm_model": model,
+        "batch": f"{cfg.rollout.batch_size} x {cfg.rollout.group_size}", "lr": cfg.actor.lr,
+        "summary": summary, "runs": runs, "targets": TARGETS,
+    }
+    if {"areal", "plain"} <= set(runs):
+        ratio = summary["areal"]["samples_per_s"]["mean"] / summary["plain"]["samples_per_s"]["mean"]
+        ta, tp = (summary[n]["time_to_s"]["0.90"] for n in ("areal", "plain"))
+        t_ratio = ta["mean"] / tp["mean"] if ta["n"] == len(args.seeds) and tp["n"] == len(args.seeds) else None
+        result.update(samples_per_s_ratio=ratio, time_to_090_ratio=t_ratio,
+                      meets_target=bool(ratio >= TARGETS["samples_per_s_ratio"] and t_ratio is not None
+                                        and t_ratio <= TARGETS["time_to_0.90_ratio"]))
+        console.print(f"samples/s ratio {ratio:.2f}x (target >= 1.5); time to 0.90 ratio "
+                      f"{'n/a' if t_ratio is None else f'{t_ratio:.2f}'} (target <= 0.6)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    if {"areal", "plain"} <= set(runs):
+        plot(result, args.out.with_suffix(".png"))
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
