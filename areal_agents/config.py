@@ -31,6 +31,7 @@ __all__ = [
     "SGLANG_MIN_VERSION",
     "SamplingConfig",
     "TrainerConfig",
+    "shown_key",
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -41,10 +42,17 @@ class ConfigError(ValueError):
     """A config value breaks a rule; ``key`` is the (possibly partial) dotted key."""
 
     def __init__(self, key: str, rule: str) -> None:
-        # an empty key or one with control characters is shown quoted, so the message stays one line
-        super().__init__(f"{key if key and key.isprintable() else repr(key)}: {rule}")
+        super().__init__(f"{shown_key(key)}: {rule}")
         self.key = key
         self.rule = rule
+
+
+def shown_key(key: str) -> str:
+    """``key`` as a one-line message names it: quoted (``repr``) when it is empty, holds control
+    characters, ``": "`` or surrounding spaces, or starts with a quote, so ``KEY: rule`` still
+    reads unambiguously; ordinary dotted keys stay bare."""
+    plain = bool(key) and key.isprintable() and key == key.strip() and ": " not in key and key[0] not in "'\""
+    return key if plain else repr(key)
 
 
 def f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse

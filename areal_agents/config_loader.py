@@ -17,6 +17,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -237,6 +238,18 @@ def _allocation_layer(layers: list[DictConfig]) -> DictConfig | None:
     return layer
 
 
+def _holds_mapping(path: str | os.PathLike[str]) -> bool:
+    """Whether the YAML file's document is a mapping (or empty). ``OmegaConf.load`` parses a
+    document that is one string a second time, so a file holding ``"a: 1"`` (or ``\'\'\': \'\'\'``)
+    would otherwise load as the mapping inside the string."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            top = yaml.safe_load(fh)
+    except Exception:  # noqa: BLE001 - OmegaConf already parsed it; its view stands
+        return True
+    return top is None or isinstance(top, dict)
+
+
 def load_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
@@ -258,7 +271,7 @@ def load_config(
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections") from None
         except Exception as exc:  # yaml.YAMLError and friends
             raise ConfigError("--config", f"cannot parse {config_file}: {_first_line(str(exc), exc)}") from None
-        if not isinstance(loaded, DictConfig):
+        if not isinstance(loaded, DictConfig) or not _holds_mapping(config_file):
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections")
         layers.append(loaded)
     layers.append(_parse_overrides(overrides))
