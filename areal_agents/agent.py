@@ -26,6 +26,8 @@ def jsonable(value: Any) -> Any:
     """``value`` with anything JSON cannot hold turned into its ``repr`` (for ``Trajectory.info``)."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():  # np.bool_, np.float32, ...
+        return jsonable(value.item())
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, dict):
@@ -113,7 +115,11 @@ class ChatAgent(Agent):
     generated tokens are used. Per-turn env rewards are discounted by ``turn_discount``.
     An exception from the env ends the episode with ``status="env_error"``; a reward failure
     reported by the env (``info["reward_status"]``) sets ``reward_error``/``timeout``; a
-    generation aborted by the server sets ``aborted``.
+    generation aborted by the server sets ``aborted``. The env's ``info["success"]`` is kept;
+    when the env ends the episode without one it stays unset (evaluation then counts a positive
+    return as solved, :func:`~areal_agents.episodes.episode_solved`), and an episode the agent
+    cuts short (turn or token budget, abort, env error) gets ``success=False`` unless the env
+    reported one.
     """
 
     def __init__(
@@ -173,7 +179,8 @@ class ChatAgent(Agent):
             messages += _as_messages(step.obs)
         info["end_reason"] = end_reason
         info["num_turns"] = len(rewards)
-        info.setdefault("success", False)
+        if end_reason not in ("terminated", "truncated"):  # cut short by the agent: not solved unless the env said so
+            info.setdefault("success", False)
         info["turn_finish_reasons"] = llm.finish_reasons
         traj = llm.to_trajectory(status=status, info=jsonable(info))
         traj.set_rewards(rewards, self.turn_discount)

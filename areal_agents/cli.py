@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="print the registries")
     p.add_argument("kind", nargs="?", choices=[*KINDS, *(k[:-1] for k in KINDS)], help="one registry only")
     p = sub.add_parser("config", help="show or check a config")
-    p.add_argument("action", choices=["show", "check", "markdown"], help="show: every field with default and "
-                   "help; check: load and validate, print the resolved YAML; markdown: the docs/config.md reference")
+    p.add_argument("action", choices=["show", "check", "markdown"], help="show: every key with the value a run "
+                   "would use, where it comes from, and help; check: load and validate, print the resolved YAML; "
+                   "markdown: the docs/config.md reference")
     _add_config_args(p)
     return parser
 
@@ -142,7 +143,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from areal_agents.config_loader import config_fields, config_reference, to_yaml
+    from areal_agents.config_loader import config_fields, config_reference, explain_config, to_yaml
 
     if args.action == "markdown":
         print(config_reference(), end="")
@@ -150,15 +151,27 @@ def _cmd_config(args: argparse.Namespace) -> int:
     if args.action == "check":
         print(to_yaml(load_args_config(args)), end="")
         return 0
+    import yaml
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="ExperimentConfig (set with key=value or a YAML file)", title_justify="left")
-    for col in ("key", "type", "default", "help"):
-        table.add_column(col, overflow="fold")
-    for key, type_name, default, help_text in config_fields():
-        table.add_row(key, type_name, repr(default), help_text)
-    Console(width=160).print(table)
+    cfg, sources = explain_config(args.config, config_overrides(args))
+    table = Table(title=f"Config of a run with env {cfg.env.name}, algorithm {cfg.algorithm.name} (from: default = "
+                  "the dataclass, algorithm NAME = the algorithm's defaults, yaml = --config, override = key=value)",
+                  title_justify="left")
+    for col in ("key", "value", "from", "help"):
+        table.add_column(col, overflow="fold", no_wrap=col != "help")
+    for key, _, _, help_text in config_fields():
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
+        if key == "rollout.reward_workers" and value is None:
+            from areal_agents.rewards import default_reward_workers
+
+            shown += f" ({default_reward_workers()} here)"
+        table.add_row(key, shown, sources[key], help_text)
+    Console(width=200).print(table)
     return 0
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "SGLANG_MIN_VERSION",
     "SamplingConfig",
     "TrainerConfig",
+    "shown_key",
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -41,10 +42,17 @@ class ConfigError(ValueError):
     """A config value breaks a rule; ``key`` is the (possibly partial) dotted key."""
 
     def __init__(self, key: str, rule: str) -> None:
-        # an empty key or one with control characters is shown quoted, so the message stays one line
-        super().__init__(f"{key if key and key.isprintable() else repr(key)}: {rule}")
+        super().__init__(f"{shown_key(key)}: {rule}")
         self.key = key
         self.rule = rule
+
+
+def shown_key(key: str) -> str:
+    """``key`` as a one-line message names it: quoted (``repr``) when it is empty, holds control
+    characters, ``": "`` or surrounding spaces, or starts with a quote, so ``KEY: rule`` still
+    reads unambiguously; ordinary dotted keys stay bare."""
+    plain = bool(key) and key.isprintable() and key == key.strip() and ": " not in key and key[0] not in "'\""
+    return key if plain else repr(key)
 
 
 def f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse
@@ -206,6 +214,7 @@ class RolloutConfig:
     failure_policy: str = f("drop", "Failed episodes: drop | zero (keep with reward 0).")
     episode_timeout: float = f(600.0, "Seconds before an episode is cancelled as timeout.")
     reward_timeout: float = f(10.0, "Seconds one reward call may take.")
+    reward_workers: int | None = f(None, "Reward worker processes (calls run at once); None = one per CPU core, at most 8.")
     output_path: str | None = f(None, "mode=rollout: JSONL file to write (default: run dir).")
     num_episodes: int = f(256, "mode=rollout: number of episodes to write.")
 
@@ -225,6 +234,8 @@ class RolloutConfig:
         _choice(self.group_filter, "group_filter", ("none", "nonzero_std"))
         _choice(self.failure_policy, "failure_policy", ("drop", "zero"))
         _check(self.reward_timeout > 0, "reward_timeout", f"must be > 0 (got {self.reward_timeout})")
+        _check(self.reward_workers is None or self.reward_workers >= 1, "reward_workers",
+               f"must be >= 1, or null for one per CPU core (got {self.reward_workers})")
         _check(self.episode_timeout > 0, "episode_timeout", f"must be > 0 (got {self.episode_timeout})")
         _check(
             self.max_concurrent_rollouts >= self.group_size,

@@ -17,12 +17,14 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
 
-__all__ = ["config_fields", "config_reference", "import_user_module", "load_config", "parse_allocation_mode", "to_yaml"]
+__all__ = ["config_fields", "config_reference", "explain_config", "import_user_module", "load_config",
+           "parse_allocation_mode", "to_yaml"]
 
 T = TypeVar("T")
 
@@ -183,8 +185,8 @@ def _check_names(cfg: ExperimentConfig) -> None:
             raise ConfigError(key, f"unknown {registry.kind[:-1]} {value!r}; registered: {', '.join(registry.names())}")
 
 
-def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
-    """Defaults of the named algorithm chosen in ``layers`` (spec.defaults), if registered."""
+def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
+    """The algorithm chosen in ``layers`` and its spec's defaults (``spec.defaults``)."""
     given = _last_given(layers, "algorithm.name")
     name = "grpo" if given is None else str(given)
     from areal_agents.registry import RegistryError, algorithms
@@ -197,7 +199,7 @@ def _algorithm_defaults(layers: list[DictConfig]) -> dict[str, Any]:
         spec = algorithms.get(name)
     except RegistryError as exc:
         raise ConfigError("algorithm.name", str(exc)) from None
-    return dict(getattr(spec, "defaults", {}) or {})
+    return name, dict(getattr(spec, "defaults", {}) or {})
 
 
 _ALLOCATION = re.compile(r"(sglang|embedded)\.d(\d+)(?:p(\d+))?(?:t(\d+))?\+d(\d+)(?:p(\d+))?(?:t(\d+))?")
@@ -237,18 +239,29 @@ def _allocation_layer(layers: list[DictConfig]) -> DictConfig | None:
     return layer
 
 
-def load_config(
-    config_file: str | os.PathLike[str] | None = None,
-    overrides: Sequence[str] = (),
-    *,
-    base: dict[str, Any] | None = None,
-    apply_algorithm_defaults: bool = True,
-) -> ExperimentConfig:
-    """Schema ← ``base`` ← algorithm defaults ← YAML file ← overrides, then validate."""
-    schema = OmegaConf.structured(ExperimentConfig)
-    layers: list[DictConfig] = []
+def _holds_mapping(path: str | os.PathLike[str]) -> bool:
+    """Whether the YAML file's document is a mapping (or empty). ``OmegaConf.load`` parses a
+    document that is one string a second time, so a file holding ``"a: 1"`` (or ``\'\'\': \'\'\'``)
+    would otherwise load as the mapping inside the string."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            top = yaml.safe_load(fh)
+    except Exception:  # noqa: BLE001 - OmegaConf already parsed it; its view stands
+        return True
+    return top is None or isinstance(top, dict)
+
+
+def _layers(
+    config_file: str | os.PathLike[str] | None,
+    overrides: Sequence[str],
+    base: dict[str, Any] | None,
+    apply_algorithm_defaults: bool,
+) -> list[tuple[str, DictConfig]]:
+    """The layers merged over the schema, lowest first, each with the source it stands for:
+    algorithm spec defaults, ``allocation_mode``, ``base``, the YAML file, the overrides."""
+    layers: list[tuple[str, DictConfig]] = []
     if base:
-        layers.append(OmegaConf.create(base))
+        layers.append(("base", OmegaConf.create(base)))
     if config_file is not None:
         if not os.path.isfile(config_file):
             raise ConfigError("--config", f"file not found: {config_file}")
@@ -258,26 +271,47 @@ def load_config(
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections") from None
         except Exception as exc:  # yaml.YAMLError and friends
             raise ConfigError("--config", f"cannot parse {config_file}: {_first_line(str(exc), exc)}") from None
-        if not isinstance(loaded, DictConfig):
+        if not isinstance(loaded, DictConfig) or not _holds_mapping(config_file):
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections")
-        layers.append(loaded)
-    layers.append(_parse_overrides(overrides))
+        layers.append(("yaml", loaded))
+    layers.append(("override", _parse_overrides(overrides)))
+    given = [layer for _, layer in layers]
     known = _leaf_keys()
-    for layer in layers:
+    for layer in given:
         _check_keys(layer, known)
-    _import_user_modules(layers)
-    if (allocation := _allocation_layer(layers)) is not None:
-        layers.insert(0, allocation)
+    _import_user_modules(given)
+    if (allocation := _allocation_layer(given)) is not None:
+        layers.insert(0, ("allocation_mode", allocation))
     if apply_algorithm_defaults:
-        defaults = _algorithm_defaults(layers)
+        name, defaults = _algorithm_defaults([layer for _, layer in layers])
         if defaults:
-            layers.insert(0, OmegaConf.create({"algorithm": defaults}))
-    merged = schema
-    for layer in layers:
+            layers.insert(0, (f"algorithm {name}", OmegaConf.create({"algorithm": defaults})))
+    return layers
+
+
+def _unmergeable_key(base: DictConfig, layer: DictConfig, prefix: str = "") -> str:
+    """The dotted key of ``layer`` that OmegaConf cannot merge into ``base``."""
+    for key in layer.keys():
+        try:
+            OmegaConf.merge(base, OmegaConf.masked_copy(layer, [str(key)]))
+        except Exception:  # noqa: BLE001 - whatever merge raised, this key is the one
+            child, base_child = layer._get_node(key), base._get_node(key) if key in base else None
+            if isinstance(child, DictConfig) and isinstance(base_child, DictConfig):
+                return _unmergeable_key(base_child, child, f"{prefix}{key!s}.")
+            return f"{prefix}{key!s}"
+    return prefix.rstrip(".") or "config"
+
+
+def _build(layers: list[tuple[str, DictConfig]]) -> ExperimentConfig:
+    """Merge ``layers`` over the schema, resolve, validate every section, check registered names."""
+    merged = OmegaConf.structured(ExperimentConfig)
+    for _, layer in layers:
         try:
             merged = OmegaConf.merge(merged, layer)  # type: ignore[assignment]
         except OmegaConfBaseException as exc:
             raise _omega_error(exc) from None
+        except (TypeError, ValueError) as exc:  # e.g. a mapping where the schema has a list
+            raise ConfigError(_unmergeable_key(merged, layer), _first_line(str(exc), exc)) from None
     try:
         OmegaConf.resolve(merged)
     except OmegaConfBaseException as exc:
@@ -286,6 +320,40 @@ def load_config(
     assert isinstance(cfg, ExperimentConfig)
     _check_names(cfg)
     return cfg
+
+
+def load_config(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: dict[str, Any] | None = None,
+    apply_algorithm_defaults: bool = True,
+) -> ExperimentConfig:
+    """Schema ← algorithm defaults ← ``allocation_mode`` ← ``base`` ← YAML file ← overrides, then validate."""
+    return _build(_layers(config_file, overrides, base, apply_algorithm_defaults))
+
+
+_UNSET = object()
+
+
+def explain_config(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: dict[str, Any] | None = None,
+) -> tuple[ExperimentConfig, dict[str, str]]:
+    """The config :func:`load_config` gives for the same arguments (what a run uses), and for
+    every leaf key where its value comes from: ``default`` (the dataclass), ``algorithm NAME``
+    (the algorithm spec's defaults), ``allocation_mode``, ``base``, ``yaml`` or ``override``."""
+    layers = _layers(config_file, overrides, base, True)
+    cfg = _build(layers)
+    sources: dict[str, str] = {}
+    for key, *_ in config_fields():
+        sources[key] = "default"
+        for source, layer in layers:
+            if OmegaConf.select(layer, key, default=_UNSET, throw_on_resolution_failure=False) is not _UNSET:
+                sources[key] = source
+    return cfg, sources
 
 
 def to_yaml(cfg: Any) -> str:

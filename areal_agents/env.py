@@ -3,24 +3,28 @@
 Subclass :class:`Env`, implement ``reset`` and ``step``, register the class with
 ``@register_env("name")`` and validate it with :func:`check_env`. Observations are a
 ``str`` (shown to the model as a user message) or a list of chat messages; actions are the
-model's reply text. The info of the step that ends an episode carries ``"success": bool``.
+model's reply text. The info of the step that ends an episode should carry ``"success": bool``;
+without it, evaluation counts an episode as solved when its return is positive.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import inspect
 import math
 import numbers
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import gymnasium
+import numpy as np
 
-__all__ = ["Env", "EnvCheckError", "Observation", "TextSpace", "check_env", "make_env", "run_in_thread"]
+from areal_agents._loop_thread import LoopThread
+
+__all__ = ["Env", "EnvCheckError", "EnvCheckWarning", "Observation", "TextSpace", "check_env", "make_env", "run_in_thread"]
 
 Observation = str | list[dict[str, Any]]
 
@@ -197,8 +201,16 @@ class EnvCheckError(AssertionError):
     """:func:`check_env` found a problem; the message says what to change."""
 
 
+class EnvCheckWarning(UserWarning):
+    """:func:`check_env` found an env that works but leaves a convention to a fallback."""
+
+
 def _fail(env: Any, msg: str) -> None:
     raise EnvCheckError(f"check_env({type(env).__name__}): {msg}")
+
+
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, (bool, np.bool_))
 
 
 def _check_obs(env: Any, obs: Any, where: str) -> None:
@@ -210,94 +222,119 @@ def _check_obs(env: Any, obs: Any, where: str) -> None:
         )
 
 
-def _check_reset(env: Env, out: Any, where: str) -> tuple[Observation, dict[str, Any]]:
+def _check_reset(env: Env, out: Any, where: str) -> Observation:
     if not isinstance(out, tuple) or len(out) != 2:
         _fail(env, f"{where} must return (observation, info), got {type(out).__name__} {out!r:.80}")
     obs, info = out
     _check_obs(env, obs, where)
     if not isinstance(info, dict):
         _fail(env, f"{where} must return info as a dict, got {type(info).__name__}")
-    return obs, info
+    return obs
 
 
-def _check_step(env: Env, out: Any, where: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+def _check_step(env: Env, out: Any, where: str, unreported: list[str]) -> tuple[Observation, float, bool, bool]:
+    """The checked ``(obs, reward, terminated, truncated)`` of one step; ``where`` is appended
+    to ``unreported`` when the step ends the episode without ``info["success"]``."""
     if not isinstance(out, tuple) or len(out) != 5:
         n = len(out) if isinstance(out, tuple) else type(out).__name__
         _fail(env, f"{where} must return 5 values (observation, reward, terminated, truncated, info); got {n}")
     obs, reward, terminated, truncated, info = out
     _check_obs(env, obs, where)
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+    if _is_bool(reward) or not isinstance(reward, numbers.Real):
         _fail(env, f"{where} returned reward {reward!r} of type {type(reward).__name__}; return a float")
     if not math.isfinite(float(reward)):
         _fail(env, f"{where} returned reward {reward}; rewards must be finite")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(flag, bool):
+        if not _is_bool(flag):
             _fail(env, f"{where} returned {name}={flag!r} ({type(flag).__name__}); return a bool")
     if not isinstance(info, dict):
         _fail(env, f"{where} must return info as a dict, got {type(info).__name__}")
-    if (terminated or truncated) and not isinstance(info.get("success"), bool):
-        _fail(env, f"{where} ended the episode; its info must contain 'success': bool (got {info.get('success')!r})")
-    return obs, float(reward), terminated, truncated, info
+    success = info.get("success")
+    if success is not None and not _is_bool(success):
+        _fail(env, f"{where} returned info['success']={success!r} ({type(success).__name__}); return a bool")
+    if (terminated or truncated) and success is None:
+        unreported.append(where)
+    return obs, float(reward), bool(terminated), bool(truncated)
 
 
-def _rollout(env: Env, seed: int, actions: Sequence[str], steps: int) -> list[Any]:
-    trace: list[Any] = [_check_reset(env, env.reset(seed=seed), f"reset(seed={seed})")[0]]
+def _play(env: Env, reset: Callable[..., Any], step: Callable[[str], Any], prefix: str, seed: int,
+          actions: Sequence[str], steps: int, unreported: list[str]) -> list[Any]:
+    """One checked episode with ``reset``/``step`` (the env's sync methods or its async ones run
+    to completion): the observation after reset, then ``(obs, reward, terminated, truncated)``
+    per step, stopping when the episode ends or after ``steps`` steps."""
+    trace: list[Any] = [_check_reset(env, reset(seed=seed), f"{prefix}reset(seed={seed})")]
     for i in range(steps):
         action = actions[i % len(actions)]
-        obs, reward, terminated, truncated, _ = _check_step(env, env.step(action), f"step({action!r}) #{i}")
-        trace.append((obs, reward, terminated, truncated))
-        if terminated or truncated:
+        outcome = _check_step(env, step(action), f"{prefix}step({action!r}) #{i}", unreported)
+        trace.append(outcome)
+        if outcome[2] or outcome[3]:
             break
     return trace
 
 
-def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str] | None = None) -> None:
-    """Validate a text env the way Gymnasium's checker does; raise :class:`EnvCheckError` if not.
+def _overrides(env: Env, name: str) -> bool:
+    return getattr(type(env), name) is not getattr(Env, name)
 
-    Checks: it is an :class:`Env`; ``reset`` returns ``(obs, info)`` with a ``str``/messages
-    observation and a dict info; ``step`` returns 5 values with a finite float reward, bool
-    flags and a dict info (``"success": bool`` when the episode ends); the same seed and the
-    same actions give the same observations and rewards; ``areset``/``astep`` agree with the
-    sync methods; ``reference_completion`` returns ``str`` or ``None``. ``actions`` are
-    played in turn (default: a few generic probe replies) for at most ``steps`` steps.
+
+def _difference(a: list[Any], b: list[Any]) -> str | None:
+    """Where two checked episodes first differ (None if they are equal)."""
+    if a == b:
+        return None
+    diff = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if diff is None:
+        return f"the episode length differs ({len(a) - 1} vs {len(b) - 1} steps)"
+    return f"{'reset' if diff == 0 else f'step #{diff - 1}'} differs ({a[diff]!r:.80} vs {b[diff]!r:.80})"
+
+
+def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str] | None = None) -> None:
+    """Validate a text env the way Gymnasium's checker does: raise :class:`EnvCheckError` for a
+    contract violation, warn (:class:`EnvCheckWarning`) where a convention is left to a fallback.
+
+    Errors: it is not an :class:`Env`; ``reset`` does not return ``(obs, info)`` with a
+    ``str``/messages observation and a dict info; ``step`` does not return 5 values with a
+    finite real reward, bool flags (Python or NumPy) and a dict info; ``info["success"]`` is
+    present but not a bool; the same seed and actions give different observations or rewards;
+    ``areset``/``astep`` disagree with the sync methods; ``reference_completion`` returns
+    neither ``str`` nor ``None``. An env that implements only ``areset``/``astep`` (natively
+    async) is checked through them. Warning: the last step has no ``info["success"]`` (then
+    ``success = reward > 0`` in evaluation). ``actions`` are played in turn (default: a few
+    generic probe replies) for at most ``steps`` steps.
     """
     if not isinstance(env, Env):
         _fail(env, "the env must subclass areal_agents.Env (observations and actions are text)")
     probes = list(actions) if actions else list(DEFAULT_PROBE_ACTIONS)
     if not all(isinstance(a, str) for a in probes):
         raise TypeError("check_env: actions must be strings")
-    first = _rollout(env, seed, probes, steps)
-    second = _rollout(env, seed, probes, steps)
-    if first != second:
-        diff = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
-        what = "reset" if diff == 0 else f"step #{diff - 1}"
-        _fail(
-            env,
-            f"not deterministic: {what} differs between two runs with seed={seed} and the same actions "
-            f"({first[diff]!r:.80} vs {second[diff]!r:.80}); draw randomness from self.np_random after "
-            "super().reset(seed=seed)",
-        )
-    if len(first) != len(second):
-        _fail(env, f"not deterministic: episode length differs between two runs with seed={seed}")
-
-    async def _async_trace() -> list[Any]:
-        obs, _ = _check_reset(env, await env.areset(seed=seed), "areset")
-        trace: list[Any] = [obs]
-        for i in range(len(first) - 1):
-            action = probes[i % len(probes)]
-            o, r, term, trunc, _ = _check_step(env, await env.astep(action), f"astep({action!r}) #{i}")
-            trace.append((o, r, term, trunc))
-        return trace
-
+    if not _overrides(env, "step") and not _overrides(env, "astep"):
+        _fail(env, "implement step(action) (or async astep(action)) returning (obs, reward, terminated, truncated, info)")
+    unreported: list[str] = []
+    loop = LoopThread("check-env")  # one loop of its own for every async call, even inside a coroutine
+    loop.start()
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        async_trace = asyncio.run(_async_trace())
-    else:  # called from a coroutine: check the async methods on a loop of their own
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            async_trace = pool.submit(asyncio.run, _async_trace()).result()
-    if async_trace != first:
-        _fail(env, "areset/astep give different results from reset/step for the same seed and actions")
+        areset = lambda **kw: loop.run(env.areset(**kw))  # noqa: E731
+        astep = lambda action: loop.run(env.astep(action))  # noqa: E731
+        if _overrides(env, "step"):
+            first = _play(env, env.reset, env.step, "", seed, probes, steps, unreported)
+            second = _play(env, env.reset, env.step, "", seed, probes, steps, unreported)
+            async_trace = _play(env, areset, astep, "a", seed, probes, len(first) - 1, unreported)
+        else:  # natively async: areset/astep are the env
+            first = _play(env, areset, astep, "a", seed, probes, steps, unreported)
+            second = async_trace = _play(env, areset, astep, "a", seed, probes, steps, unreported)
+    finally:
+        loop.stop()
+    if (diff := _difference(first, second)) is not None:
+        _fail(env, f"not deterministic: {diff} between two runs with seed={seed} and the same actions; "
+              "draw randomness from self.np_random after super().reset(seed=seed)")
+    if (diff := _difference(first, async_trace)) is not None:
+        _fail(env, f"areset/astep give different results from reset/step for the same seed and actions: {diff}")
+    if unreported:
+        warnings.warn(
+            f"check_env({type(env).__name__}): {unreported[0]} ended the episode without info['success']; "
+            "evaluation then counts the episode as solved when its return is > 0 (success = reward > 0). "
+            "Put 'success': bool in the info of the last step to decide it yourself.",
+            EnvCheckWarning,
+            stacklevel=2,
+        )
     row = getattr(env, "row", None)
     if isinstance(row, dict):
         ref = env.reference_completion(row)

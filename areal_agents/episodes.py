@@ -14,7 +14,7 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.registry import agents, envs
 from areal_agents.types import Trajectory
 
-__all__ = ["build_agent", "build_episode_fn", "env_factory", "evaluate", "sampling_params"]
+__all__ = ["build_agent", "build_episode_fn", "env_factory", "episode_solved", "evaluate", "sampling_params"]
 
 EpisodeFn = Callable[[dict[str, Any], int, str], Awaitable[Trajectory]]
 
@@ -66,13 +66,21 @@ def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, samp
     return fn
 
 
+def episode_solved(traj: Trajectory) -> bool:
+    """Whether an episode counts as solved: it finished (``status == "ok"``) and its final
+    ``info["success"]`` is true, or, when the env reported none, its return is positive."""
+    if traj.status != "ok":
+        return False
+    success = traj.info.get("success")
+    return bool(success) if success is not None else traj.reward > 0
+
+
 async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Sequence[dict[str, Any]], *,
                    k: int = 1, temperature: float = 1.0, concurrency: int = 64,
                    progress: Any = None) -> dict[str, Any]:
     """Greedy accuracy (and pass@k when ``k > 1``) over ``rows``.
 
-    An episode counts as solved when its final ``info["success"]`` is true (or, for envs
-    that do not report it, when its return is positive).
+    An episode counts as solved as :func:`episode_solved` says.
     """
     greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True))
     sem = asyncio.Semaphore(concurrency)
@@ -85,15 +93,9 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
             progress.advance(task_id)
         return traj
 
-    def solved(traj: Trajectory) -> bool:
-        if traj.status != "ok":
-            return False
-        success = traj.info.get("success")
-        return bool(success) if success is not None else traj.reward > 0
-
     greedy = await asyncio.gather(*(one(greedy_fn, row, i) for i, row in enumerate(rows)))
     report: dict[str, Any] = {
-        "eval/accuracy": sum(map(solved, greedy)) / max(1, len(rows)),
+        "eval/accuracy": sum(map(episode_solved, greedy)) / max(1, len(rows)),
         "eval/reward": sum(t.reward for t in greedy) / max(1, len(rows)),
         "eval/failed": sum(t.status != "ok" for t in greedy),
         "eval/n": len(rows),
@@ -102,7 +104,7 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
         sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature))
         samples = await asyncio.gather(*(one(sample_fn, row, 1000 * i + j)
                                          for i, row in enumerate(rows) for j in range(k)))
-        hits = [any(solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]
+        hits = [any(episode_solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]
         report[f"eval/pass@{k}"] = sum(hits) / max(1, len(rows))
     if progress is not None:
         progress.remove_task(task_id)

@@ -18,6 +18,7 @@ import logging
 import math
 import multiprocessing
 import numbers
+import os
 import pickle
 import re
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 __all__ = [
     "RewardResult",
     "RewardRunner",
+    "default_reward_workers",
     "default_runner",
     "exact_match_reward",
     "extract_answer",
@@ -219,8 +221,19 @@ class _Worker:
         self.conn.close()
 
 
+def default_reward_workers() -> int:
+    """Reward worker processes when none are configured: one per CPU this process may use, at
+    most 8 (rewards are short CPU-bound calls; more workers than cores only add memory)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
 class RewardRunner:
-    """Evaluate reward functions in up to ``max_workers`` worker processes, ``timeout`` s each.
+    """Evaluate reward functions in up to ``max_workers`` worker processes (default
+    :func:`default_reward_workers`), ``timeout`` s each; that many calls run at once.
 
     Thread-safe: :meth:`compute` (also ``runner(...)``) blocks the calling thread, so it can
     be used from ``env.step`` running in a worker thread; :meth:`acompute` is the asyncio
@@ -231,8 +244,10 @@ class RewardRunner:
     it fails with ``MemoryError`` (``reward_error``) and the worker keeps serving.
     """
 
-    def __init__(self, timeout: float = 10.0, max_workers: int = 2, start_method: str = "forkserver",
+    def __init__(self, timeout: float = 10.0, max_workers: int | None = None, start_method: str = "forkserver",
                  memory_mb: int | None = 4096) -> None:
+        if max_workers is None:
+            max_workers = default_reward_workers()
         if timeout <= 0:
             raise ValueError(f"RewardRunner: timeout must be > 0 (got {timeout})")
         if max_workers < 1:
@@ -248,6 +263,11 @@ class RewardRunner:
         self._slots = threading.BoundedSemaphore(self.max_workers)
         self._closed = False
         self.stats: dict[str, int] = {"ok": 0, "reward_error": 0, "timeout": 0}
+
+    @classmethod
+    def for_rollout(cls, rollout: Any) -> RewardRunner:
+        """The runner a run's ``rollout`` config asks for (``reward_timeout``, ``reward_workers``)."""
+        return cls(timeout=rollout.reward_timeout, max_workers=rollout.reward_workers)
 
     def _count(self, result: RewardResult) -> RewardResult:
         with self._lock:
@@ -322,7 +342,8 @@ _default_lock = threading.Lock()
 
 
 def get_default_runner() -> RewardRunner:
-    """The process-wide runner built-in envs use (created on first use: timeout 10 s, 2 workers)."""
+    """The process-wide runner built-in envs use (created on first use: timeout 10 s,
+    :func:`default_reward_workers` workers)."""
     global _default
     with _default_lock:
         if _default is None:
@@ -331,7 +352,7 @@ def get_default_runner() -> RewardRunner:
 
 
 def set_default_runner(runner: RewardRunner | None) -> RewardRunner | None:
-    """Replace the process-wide runner (e.g. with ``rollout.reward_timeout``); returns the old one."""
+    """Replace the process-wide runner (e.g. with :meth:`RewardRunner.for_rollout`); returns the old one."""
     global _default
     with _default_lock:
         old, _default = _default, runner

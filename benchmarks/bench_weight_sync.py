@@ -5,8 +5,12 @@ default) is loaded by a real :class:`~trainers.engine.TrainEngine`; then its wei
 embedded server subprocess ``--repeats`` times each way, interleaved: :class:`DiskWeightSync`
 (safetensors export, fsync, rename, ``/update_weights_from_disk``) and
 :class:`DistributedWeightSync` over gloo (``/update_weights_from_distributed`` plus a broadcast
-of every tensor). Figures are seconds per sync (median); after each sync the server's weight
-version is checked.
+of every tensor). Figures are seconds per sync (median). Both sides carry the same work: before
+every sync the trainer's weights get a fresh perturbation (untimed), and after it the server's
+weight version is checked and its greedy continuation of a fixed prompt is scored by the
+trainer: the server's logprobs must equal the trainer's for the weights just sent (``checks``
+in the JSON), so a path that skipped or garbled tensors fails the benchmark. The same probe
+before the sync (``stale_logprob_diff``) shows it tells the old weights from the new.
 
     python benchmarks/bench_weight_sync.py [--hidden 1024] [--layers 12] [--repeats 3]
 
@@ -23,6 +27,38 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+TOLERANCE = 1e-3  # max |server - trainer| logprob; float32 on both sides differs by ~1e-6
+
+
+def perturb(engine: object, version: int) -> None:
+    """Add seeded noise to every trainer parameter, so each sync sends weights never sent before."""
+    import torch
+
+    gen = torch.Generator().manual_seed(version)
+    with torch.no_grad():
+        for param in engine.model.parameters():  # type: ignore[attr-defined]
+            local = param.to_local() if hasattr(param, "to_local") else param  # one rank: the whole tensor
+            local.add_(torch.randn(local.shape, generator=gen).to(local.dtype) * 0.02)
+
+
+def probe(engine: object, addr: str) -> dict[str, object]:
+    """The server's greedy continuation of ``PROMPT`` and the largest gap between its logprobs
+    and the trainer's for the same tokens."""
+    import httpx
+    import torch
+
+    from areal_agents.inference.client import normalize_address
+
+    body = httpx.post(normalize_address(addr) + "/generate", timeout=120, json={
+        "input_ids": PROMPT, "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}}).json()
+    out = body["output_ids"]
+    server = torch.tensor([float(x[0]) for x in body["meta_info"]["output_token_logprobs"]])
+    ids = torch.tensor([PROMPT + out])
+    mine = engine.compute_logprobs({"input_ids": ids, "attention_mask": torch.ones_like(ids)},  # type: ignore[attr-defined]
+                                   temperature=1.0)[0, len(PROMPT):]
+    return {"output_ids": out, "max_abs_logprob_diff": float((server - mine).abs().max())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,13 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         syncs = {"disk": DiskWeightSync([addr], tmp / "weights"),
                  "gloo": DistributedWeightSync([addr], backend="gloo", timeout_s=300)}
         version = 0
+        checks: dict[str, list[dict[str, object]]] = {"disk": [], "gloo": []}
         for round_ in range(args.repeats + 1):  # round 0 warms up (the gloo group is made there)
             for kind, sync in syncs.items():
                 version += 1
+                perturb(engine, version)
+                stale = probe(engine, addr)["max_abs_logprob_diff"]  # the server still has the previous weights
                 start = time.perf_counter()
                 sync.sync(engine, version)
                 elapsed = time.perf_counter() - start
                 assert control.model_info(addr)["weight_version"] == str(version)
+                check = {"version": version, "stale_logprob_diff": stale, **probe(engine, addr)}
+                if not check["max_abs_logprob_diff"] <= TOLERANCE:  # type: ignore[operator]
+                    raise SystemExit(f"{kind} sync of version {version}: the server's weights are not the "
+                                     f"trainer's (logprobs differ by {check['max_abs_logprob_diff']:.3g})")
+                checks[kind].append(check)
                 if round_:
                     times[kind].append(elapsed)
         syncs["gloo"].close()
@@ -72,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "weight sync to one embedded server", "parameters": params,
         "megabytes": params * 4 / 2**20, "repeats": args.repeats, "disk_s": disk, "gloo_s": gloo,
         "ratio": disk / gloo, "target_ratio": 1.0, "meets_target": disk / gloo >= 1.0, "raw": times,
+        "checks": {"prompt": PROMPT, "tolerance": TOLERANCE, **checks},
     }
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = T
     rows = load_dataset_rows(cfg, "test")[: cfg.eval.n]
     if not rows:
         raise ValueError(f"env {cfg.env.name!r}: the test split is empty (data.test_size={cfg.data.test_size})")
-    set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))
+    set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     t0 = time.monotonic()
     with inference_servers(cfg, model_path, log_dir=Path(cfg.run_dir) / "logs") as addresses, \
             Progress(disable=not progress) as bar:

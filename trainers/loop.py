@@ -140,7 +140,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = algorithms.get(cfg.algorithm.name)
-    set_default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout))
+    set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
     if cfg.mode == "train":

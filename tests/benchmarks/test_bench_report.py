@@ -64,21 +64,78 @@ def test_report_writes_the_table_between_the_markers_only(tmp_path: Path) -> Non
     assert stale.returncode == 1 and "stale" in stale.stderr
 
 
+def _best_of_runs(d: dict, value: str, baseline: str, runs: tuple[str, str]) -> None:
+    """Value and baseline are each the best of their own recorded runs, equally many of each."""
+    mine, base = d["runs"][runs[0]], d["runs"][runs[1]]
+    assert len(mine) == len(base) >= 1 and d[value] == max(mine) and d[baseline] == max(base)
+
+
+def _inference_server(d: dict) -> None:
+    _best_of_runs(d, "server_tokens_per_s", "generate_tokens_per_s", ("server", "generate"))
+    batching = d["server_batching"]  # the server generated every requested token, in real batches
+    assert batching["step_errors"] == 0 and batching["generated_tokens"] >= d["requests"] * d["new_tokens"] * len(
+        d["runs"]["server"]) and batching["max_batch_size_seen"] == d["requests"]
+
+
+def _inference_client(d: dict) -> None:
+    _best_of_runs(d, "client_req_per_s", "bare_aiohttp_req_per_s", ("client", "bare"))
+
+
+def _rollout_overhead(d: dict) -> None:
+    _best_of_runs(d, "executor_eps_per_s", "bare_client_eps_per_s", ("executor", "bare"))
+    counts = d["last_executor_counts"]  # the executor finished every episode the bare loop ran, none failed
+    assert counts["rollout/accepted"] >= d["episodes"] and counts["rollout/failed"] == 0
+
+
+def _rollout_async(d: dict) -> None:
+    steps = d["workload"]["steps"]  # one workload, every step run by both; sync is synchronous, async within eta
+    for side in ("sync", "async"):
+        assert len(d[side]["step_end_s"]) == steps and abs(d[side]["step_end_s"][-1] - d[side]["wall_s"]) < 0.01
+    assert d["sync"]["eta"] == 0 and d["sync"]["staleness_max"] == 0 and d["async"]["staleness_max"] <= d["async"]["eta"]
+    assert abs(d["speedup"] - d["sync"]["wall_s"] / d["async"]["wall_s"]) < 1e-9
+
+
+def _trainer(d: dict) -> None:
+    raw = d["raw"]  # both trainers took the same batches
+    assert raw["plain"]["tokens_per_step"] == raw["engine"]["tokens_per_step"] and len(raw["engine"]["step_s"]) == d["steps"]
+
+
+def _weight_sync(d: dict) -> None:
+    import statistics
+
+    raw = d["raw"]  # each figure is the median of as many timed syncs as the other
+    assert len(raw["disk"]) == len(raw["gloo"]) == d["repeats"]
+    assert d["disk_s"] == statistics.median(raw["disk"]) and d["gloo_s"] == statistics.median(raw["gloo"])
+    for kind in ("disk", "gloo") if "checks" in d else ():  # results from before the weight checks lack them
+        assert all(c["max_abs_logprob_diff"] <= d["checks"]["tolerance"] for c in d["checks"][kind])
+
+
+MEANING = {"inference_server": _inference_server, "inference_client": _inference_client,
+           "rollout_overhead": _rollout_overhead, "rollout_async": _rollout_async,
+           "rollout_async_embedded": _rollout_async, "trainer": _trainer, "weight_sync": _weight_sync}
+
+
 def test_report_on_the_repository_results(tmp_path: Path) -> None:
+    """Each recorded result compares like with like, and the table shows what the result holds."""
     results = tmp_path / "results"
     shutil.copytree(ROOT / "benchmarks" / "results", results, ignore=shutil.ignore_patterns("*.png"))
     readme = tmp_path / "README.md"
     readme.write_text(README)
     proc = _report("--results", str(results), "--readme", str(readme))
     assert proc.returncode == 0, proc.stderr
-    known = ("inference_server", "inference_client", "rollout_overhead", "rollout_async", "rollout_async_embedded",
-             "trainer", "weight_sync")
-    present = [k for k in known if (results / f"{k}.json").is_file()]
+    present = [k for k in MEANING if (results / f"{k}.json").is_file()]
     table = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "---" not in line]
     assert present and len(table) == 1 + len(present)
-    for line in table[1:]:
-        ratio = line.split(" | ")[3]
-        assert ratio.endswith("×") and float(ratio[:-1]) > 0
+    for stem, line in zip(present, table[1:], strict=True):
+        data = json.loads((results / f"{stem}.json").read_text())
+        MEANING[stem](data)
+        cells = line.split(" | ")
+        ratio = data.get("ratio", data.get("speedup", data.get("speedup_train_only_vs_plain")))
+        assert cells[3] == f"{ratio:.2f}×", (stem, line)
+        met = data.get("meets_target", data.get("meets_targets"))
+        assert cells[5] == ("yes" if met else "**no**"), (stem, line)
+        if "target_ratio" in data:  # "met" is the ratio against the target, not a copied flag
+            assert met == (data["ratio"] >= data["target_ratio"]), stem
 
 
 def test_report_errors_are_one_line(tmp_path: Path) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -234,13 +234,73 @@ def test_bad_input_found_at_run_time_is_one_line_too(tmp_path):
         assert not (tmp_path / "warm").exists()  # stopped before any model was built
 
 
-def test_config_show_lists_fields_with_defaults():
-    proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "config", "show"],
+def _show_rows(*args: str) -> dict[str, tuple[str, str]]:
+    """``areal-agents config show ARGS`` as {key: (value cell, from cell)}."""
+    proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "config", "show", *args],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for key in ("actor.lr", "rollout.max_head_offpolicyness", "sglang.dtype", "env.turn_discount"):
-        assert key in proc.stdout
-    assert textwrap.dedent("0.0001") in proc.stdout
+    rows = {}
+    for line in proc.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 4 and cells[0] and cells[0] != "key":
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def test_config_show_prints_the_values_a_run_uses_and_their_source(tmp_path):
+    from areal_agents.registry import algorithms
+
+    rows = _show_rows("--env", "math")
+    assert list(rows) == [key for key, *_ in config_fields()]  # every key, once
+    check = subprocess.run([sys.executable, "-m", "areal_agents.cli", "config", "check", "--env", "math"],
+                           capture_output=True, text=True, timeout=120)
+    resolved = yaml.safe_load(check.stdout)  # what `config check` and a run's config.yaml hold
+    for key, (value, _) in rows.items():
+        want = resolved
+        for part in key.split("."):
+            want = want[part]
+        shown = value.split(" (")[0] if key == "rollout.reward_workers" else value
+        assert yaml.safe_load(shown) == want, (key, value, want)
+    grpo = dict(algorithms.get("grpo").defaults)
+    assert grpo  # GRPO's own defaults differ from the dataclass's: shown, and said to come from it
+    for field_name, spec_value in grpo.items():
+        assert yaml.safe_load(rows[f"algorithm.{field_name}"][0]) == spec_value
+        assert rows[f"algorithm.{field_name}"][1] == "algorithm grpo"
+    assert rows["env.name"] == ("math", "override")
+    assert rows["actor.lr"][1] == "default" and yaml.safe_load(rows["actor.lr"][0]) == ExperimentConfig().actor.lr
+    # a YAML file and an override: each value from where it was set, the new algorithm's defaults under them
+    path = tmp_path / "exp.yaml"
+    path.write_text("algorithm:\n  name: dr-grpo\nactor:\n  lr: 0.5\n")
+    rows = _show_rows("--config", str(path), "algorithm.loss_agg_mode=token-mean", "--env", "countdown")
+    assert rows["algorithm.name"] == ("dr-grpo", "yaml") and rows["actor.lr"] == ("0.5", "yaml")
+    assert rows["algorithm.loss_agg_mode"] == ("token-mean", "override") and rows["env.name"] == ("countdown", "override")
+    for field_name, spec_value in algorithms.get("dr-grpo").defaults.items():
+        if field_name != "loss_agg_mode":
+            assert (yaml.safe_load(rows[f"algorithm.{field_name}"][0]), rows[f"algorithm.{field_name}"][1]) == \
+                (spec_value, "algorithm dr-grpo")
+
+
+def test_explain_config_is_load_config_with_sources(tmp_path):
+    from areal_agents.config_loader import explain_config
+    from areal_agents.registry import algorithms
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("rollout:\n  group_size: 3\n")
+    args = (str(path), ["algorithm.name=rloo", "allocation_mode=embedded.d2+d1", "actor.lr=0.01"])
+    cfg, sources = explain_config(*args)
+    assert cfg == load_config(*args)
+    spec = dict(algorithms.get("rloo").defaults)
+    expected = {"rollout.group_size": "yaml", "algorithm.name": "override", "allocation_mode": "override",
+                "actor.lr": "override", "inference.backend": "allocation_mode", "inference.num_servers": "allocation_mode",
+                "sglang.tp_size": "allocation_mode", "trainer.nproc": "allocation_mode",
+                "trainer.device": "allocation_mode", **{f"algorithm.{k}": "algorithm rloo" for k in spec}}
+    assert {k: v for k, v in sources.items() if v != "default"} == expected
+    defaults = ExperimentConfig()
+    for key, source in sources.items():
+        if source == "default" and key not in ("experiment_name", "sglang.dtype"):  # derived: env name, actor.dtype
+            section, _, leaf = key.rpartition(".")
+            assert getattr(getattr(cfg, section) if section else cfg, leaf) == \
+                getattr(getattr(defaults, section) if section else defaults, leaf), key
 
 
 def test_config_reference_doc_is_current():

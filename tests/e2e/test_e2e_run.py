@@ -92,12 +92,25 @@ def test_run_then_train_only(tmp_path: Path) -> None:
                      "mode=rollout", "rollout.num_episodes=16", f"rollout.output_path={jsonl}",
                      "experiment_name=e2e-rollout"], env)
         assert proc.returncode == 0, proc.stderr[-3000:]
+    # the untrained model rarely solves a sum: give one episode per group reward 1, so the file carries a signal
+    episodes = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    firsts = {e["group_id"]: i for i, e in reversed(list(enumerate(episodes)))}
+    assert len(episodes) >= 16 and len(firsts) >= 4
+    for i in firsts.values():
+        episodes[i]["reward"] = 1.0
+    jsonl.write_text("".join(json.dumps(e) + "\n" for e in episodes))
     proc = _cli(["run", "--env", "math", *common, "mode=train", f"train_data={jsonl}", "trainer.total_steps=2",
                  "experiment_name=e2e-train"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "e2e-train" / "trial" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["train/loss"]) for r in rows)
-    assert (tmp_path / "runs" / "e2e-train" / "trial" / "final" / "model.safetensors").exists()
+    assert all(r["train/n_seqs"] == 8 for r in rows)  # batch_size x group_size episodes of the file per step
+    from safetensors.torch import load_file
+
+    before = load_file(model / "model.safetensors")
+    after = load_file(tmp_path / "runs" / "e2e-train" / "trial" / "final" / "model.safetensors")
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)  # it learned
+    assert all(r["train/grad_norm"] > 0 for r in rows)
 
 
 def test_run_on_two_trainer_ranks_with_gloo_weight_broadcast(tmp_path: Path) -> None:

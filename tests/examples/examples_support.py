@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROOT", "TINY", "metrics_rows", "run_command", "train_steps"]
+__all__ = ["ROOT", "TINY", "metrics_rows", "package_env", "run_command", "train_steps"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,3 +45,26 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
 def train_steps(run_dir: Path) -> list[dict[str, Any]]:
     """The metrics records of training steps (those with a loss)."""
     return [r for r in metrics_rows(run_dir) if "train/loss" in r]
+
+
+def package_env(root: Path, package: Path) -> str:
+    """A throw-away virtual environment under ``root`` with ``package`` pip-installed (editable,
+    no dependencies, built with this environment's setuptools); returns its python.
+
+    Besides the package it sees exactly what the interpreter running the tests sees: a ``.pth``
+    file adds this interpreter's site directories. (``--system-site-packages`` would not do: it
+    shows the *base* interpreter's packages, which in a fresh virtualenv lack torch, this project
+    and a setuptools with ``bdist_wheel``.) The interpreter running the tests never sees the package.
+    """
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    adds = "".join(f"; site.addsitedir({p!r})" for p in ours if os.path.isdir(p))  # a .pth runs one line
+    Path(purelib, "_tests_outer_site.pth").write_text(f"import site{adds}\n")
+    proc = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(package)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    return python

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from examples_support import ROOT, TINY, run_command, train_steps
+from examples_support import ROOT, TINY, metrics_rows, run_command, train_steps
 
 from areal_agents.config import AlgorithmConfig
 from areal_agents.config_loader import load_config
@@ -77,3 +77,52 @@ def test_script_trains_with_the_new_estimator(tmp_path: Path) -> None:
     steps = train_steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2] and steps[-1]["version"] == 2
     assert all(r["train/n_seqs"] == 4 for r in steps)  # batch_size 2 x group_size 2
+
+
+# Two groups of three episodes with known rewards and different lengths, trained in trainer-only
+# mode (mode=train) from a JSONL whose behaviour logprobs are the model's own, so the first step's
+# ratio is 1 and its policy loss is minus the token-mean advantage: that pins down which
+# estimator produced the advantages.
+REWARDS = [[0.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
+LENGTHS = [[3, 5, 9], [2, 4, 11]]
+
+
+def _token_mean(advantages: list[list[float]]) -> float:
+    weighted = sum(a * n for group, lens in zip(advantages, LENGTHS, strict=True) for a, n in zip(group, lens, strict=True))
+    return weighted / sum(map(sum, LENGTHS))
+
+
+def test_script_trains_with_the_median_advantages(tmp_path: Path) -> None:
+    import transformers
+
+    from areal_agents.inference.tiny_model import build_tiny_model
+    from areal_agents.types import Trajectory
+
+    model_dir = build_tiny_model([f"{a}+{b}={a + b}" for a in range(20) for b in range(20)], tmp_path / "model",
+                                 hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for g, (rewards, lengths) in enumerate(zip(REWARDS, LENGTHS, strict=True)):
+        for reward, n in zip(rewards, lengths, strict=True):
+            ids = torch.randint(10, 200, (4 + n,), generator=gen)  # 4 prompt tokens, n generated
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids[None]).logits[0, :-1].float(), -1).gather(-1, ids[1:, None])[:, 0]
+            behaviour = [0.0] * 4 + logp[3:].tolist()
+            rows.append(Trajectory(input_ids=ids.tolist(), loss_mask=[0] * 4 + [1] * n, logprobs=behaviour,
+                                   versions=[-1] * 4 + [0] * n, turn_rewards=[reward], turn_spans=[(4, 4 + n)],
+                                   turn_returns=[reward], reward=reward, group_id=f"g{g}").to_json())
+    data = tmp_path / "episodes.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    run_command([sys.executable, "examples/custom_algorithm/median_grpo.py", "--config",
+                 "examples/custom_algorithm/config.yaml", "mode=train", f"train_data={data}", f"actor.path={model_dir}",
+                 "rollout.batch_size=2", "rollout.group_size=3", "trainer.total_steps=1", "logging.plots=false",
+                 "logging.tensorboard=false", "logging.progress=false", f"output_dir={tmp_path / 'runs'}"], tmp_path)
+    step = next(r for r in metrics_rows(tmp_path / "runs" / "custom-algorithm" / "median-grpo") if "train/pg_loss" in r)
+    eps = 0.01  # adv_eps in the example's config.yaml
+    # median 0, mean |R - 0| = 1/3; median 1, mean |R - 1| = 1/3
+    median = [[0.0, 0.0, 1 / (1 / 3 + eps)], [0.0, 0.0, -1 / (1 / 3 + eps)]]
+    mean = [[(r - sum(g) / 3) / (torch.tensor(g).std().item() + eps) for r in g] for g in REWARDS]  # GRPO's baseline
+    assert step["train/pg_loss"] == pytest.approx(-_token_mean(median), abs=1e-4), step
+    assert abs(_token_mean(median) - _token_mean(mean)) > 0.05  # GRPO's advantages would be told apart (0.07 here)
+    assert step["train/n_seqs"] == 6 and step["train/clip_frac"] == 0.0  # all six episodes, ratio 1

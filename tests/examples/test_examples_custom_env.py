@@ -1,8 +1,8 @@
 """examples/custom_env: a separate package registers an env, reward and dataset through entry points.
 
 The package is pip-installed (editable, no deps) into a throw-away virtual environment that
-sees the system site-packages, so the test never changes the interpreter other tests use;
-then `areal-agents run --env sort-digits` trains it from that environment.
+otherwise sees this interpreter's packages, so the test never changes the interpreter other
+tests use; then `areal-agents run --env sort-digits` trains it from that environment.
 """
 
 from __future__ import annotations
@@ -13,20 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from examples_support import ROOT, TINY, run_command, train_steps
+from examples_support import ROOT, TINY, package_env, run_command, train_steps
 
 PKG = ROOT / "examples" / "custom_env" / "pkg"
 
 
 @pytest.fixture(scope="module")
 def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    venv = tmp_path_factory.mktemp("custom-env") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                   check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    proc = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(PKG)],
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    python = package_env(tmp_path_factory.mktemp("custom-env"), PKG)
     yield python
     proc = subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "areal-agents-sort-digits"],
                           capture_output=True, text=True, timeout=120)

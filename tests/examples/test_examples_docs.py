@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-from examples_support import ROOT, TINY, run_command, train_steps
+from examples_support import ROOT, TINY, package_env, run_command, train_steps
 
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("README.md"))]
@@ -44,13 +43,7 @@ def test_quickstart_custom_env_trains_as_written(tmp_path: Path) -> None:
     (pkg / "my_envs" / "__init__.py").write_text("")
     (pkg / "my_envs" / "reverse.py").write_text(module)
     (pkg / "pyproject.toml").write_text(toml)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    python = str(venv / "bin" / "python")
-    proc = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(pkg)],
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    python = package_env(tmp_path, pkg)
     check = "from areal_agents import check_env, make_env; check_env(make_env('reverse')); print('ok')"
     proc = subprocess.run([python, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

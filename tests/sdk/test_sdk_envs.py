@@ -127,7 +127,7 @@ class _Base(Env):
         (("", "1", True, False, {"success": True}), "reward '1' of type str"),
         (("", float("nan"), True, False, {"success": True}), "rewards must be finite"),
         (("", 1.0, 1, False, {"success": True}), "terminated=1"),
-        (("", 1.0, True, False, {}), "'success': bool"),
+        (("", 1.0, True, False, {"success": 1}), r"info\['success'\]=1 \(int\); return a bool"),
         (("", 1.0, False, False, []), "info as a dict"),
     ],
 )

@@ -12,6 +12,7 @@ import pytest
 from areal_agents.registry import rewards
 from areal_agents.rewards import (
     RewardRunner,
+    default_reward_workers,
     default_runner,
     exact_match_reward,
     extract_answer,
@@ -44,6 +45,11 @@ def raising_reward(completion: str, **row) -> float:
 
 def length_reward(completion: str, **row) -> float:
     return float(len(completion))
+
+
+def sleep_reward(completion: str, seconds: float = 1.0, **row) -> float:
+    time.sleep(seconds)
+    return seconds
 
 
 def numpy_reward(completion: str, **row) -> float:
@@ -171,3 +177,69 @@ def test_default_runner_is_set_inside_then_restored_and_closed() -> None:
     assert get_default_runner() is before
     with pytest.raises(RuntimeError, match="closed"):
         runner.compute("exact-match", "42", {"answer": "42"})
+
+
+def _together(runner: RewardRunner, calls: list[tuple[object, dict]]) -> tuple[list, list[float]]:
+    """Start every call at once from its own thread (as envs stepping on threads do); return the
+    results and each call's seconds, in order."""
+    out: list = [None] * len(calls)
+    took = [0.0] * len(calls)
+
+    def one(i: int) -> None:
+        t0 = time.monotonic()
+        out[i] = runner.compute(calls[i][0], "x", calls[i][1])
+        took[i] = time.monotonic() - t0
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out, took
+
+
+@pytest.mark.slow
+def test_n_workers_compute_n_slow_rewards_in_the_time_of_one() -> None:
+    n, slow = 4, {"seconds": 1.0}
+    timings = {}
+    for workers in (n, 1):
+        with RewardRunner(timeout=30, max_workers=workers) as runner:
+            warm, _ = _together(runner, [(sleep_reward, {"seconds": 0.05})] * workers)  # start the worker processes
+            assert all(r.ok for r in warm), warm
+            t0 = time.monotonic()
+            assert runner(sleep_reward, "x", slow).value == 1.0
+            one = time.monotonic() - t0
+            t0 = time.monotonic()
+            results, _ = _together(runner, [(sleep_reward, slow)] * n)
+            timings[workers] = (one, time.monotonic() - t0)
+            assert [r.value for r in results] == [1.0] * n
+    (one_parallel, all_parallel), (one_serial, all_serial) = timings[n], timings[1]
+    assert all_parallel < 1.8 * one_parallel, timings  # n at once: about the time of one
+    assert all_serial > (n - 0.5) * one_serial, timings  # one worker: one after another
+
+
+@pytest.mark.slow
+def test_a_hung_reward_times_out_without_stalling_the_others() -> None:
+    with RewardRunner(timeout=3.0, max_workers=4) as runner:
+        warm, _ = _together(runner, [(sleep_reward, {"seconds": 0.05})] * 4)
+        assert all(r.ok for r in warm), warm
+        results, took = _together(runner, [(hang_reward, {})] + [(sleep_reward, {"seconds": 1.0})] * 3)
+        assert results[0].status == "timeout" and 2.9 < took[0] < 6.0
+        assert [r.value for r in results[1:]] == [1.0] * 3 and max(took[1:]) < 2.0, took  # done before the timeout
+        assert runner(length_reward, "abc").value == 3.0  # the hung worker was replaced
+        assert runner.stats == {"ok": 8, "reward_error": 0, "timeout": 1}
+
+
+def test_reward_workers_config_reaches_the_runner() -> None:
+    from areal_agents.config import ConfigError
+    from areal_agents.config_loader import load_config  # here: reward workers import this module, keep it light
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert default_reward_workers() == max(1, min(cpus or 1, 8))
+    default = RewardRunner.for_rollout(load_config(None, []).rollout)
+    three = RewardRunner.for_rollout(load_config(None, ["rollout.reward_workers=3", "rollout.reward_timeout=4"]).rollout)
+    assert default.max_workers == default_reward_workers() and (three.max_workers, three.timeout) == (3, 4.0)
+    assert three._slots._value == 3  # noqa: SLF001 - the bound on calls at once
+    default.close(), three.close()
+    with pytest.raises(ConfigError, match=r"rollout.reward_workers: must be >= 1"):
+        load_config(None, ["rollout.reward_workers=0"])
