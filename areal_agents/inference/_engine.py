@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from areal_agents.inference._kv import BatchKV
-from areal_agents.inference._sampling import sample_next
+from areal_agents.inference._sampling import prompt_logprobs, sample_next, scaled_logprobs, top_logprobs
 
 __all__ = ["Engine", "GenRequest"]
 
@@ -40,11 +40,16 @@ class GenRequest:
     stop_strs: list[str] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    logprob_start: int = -1  # >= 0: SGLang's prompt logprobs of prompt[logprob_start:], taken at prefill
+    top_logprobs_num: int = 0  # > 0: the most likely alternatives of every output (and scored prompt) token
     done: Callable[[GenRequest], None] | None = None
     on_token: Callable[[GenRequest], None] | None = None  # after each token but the last (streaming)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
+    output_top: list[tuple[list[float], list[int]] | None] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    input_top: list[tuple[list[float], list[int]] | None] | None = None
     finish: dict[str, Any] | None = None
     matched_stop: str | None = None
     error: str | None = None
@@ -227,12 +232,17 @@ class Engine:
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
         mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)[None]
         cache = self.kv.fresh_cache()
-        out = self.model(
-            input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
-        )
+        scored = [i for i, r in enumerate(group) if r.logprob_start >= 0 and r.input_logprobs is None]
+        out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True,
+                         logits_to_keep=0 if scored else 1)  # fmt: skip
         self.metrics["prefills"] += 1
-        tokens, lps = self._sample(out.logits[:, -1], group)
-        keep = [i for i, req in enumerate(group) if not self._append(req, tokens[i], lps[i])]
+        for i in scored:  # a retracted request keeps the prompt logprobs of its first prefill
+            req = group[i]
+            rows = out.logits[i, length - len(seqs[i]) :]
+            req.input_logprobs, req.input_top = prompt_logprobs(rows, req.prompt, req.logprob_start,
+                                                                req.top_logprobs_num)  # fmt: skip
+        tokens, lps, tops = self._sample(out.logits[:, -1], group)
+        keep = [i for i, req in enumerate(group) if not self._append(req, tokens[i], lps[i], tops[i])]
         if keep:
             self.kv.merge(cache, valid, keep)
             self.rows.extend(group[i] for i in keep)
@@ -266,15 +276,15 @@ class Engine:
         self.metrics["decode_steps"] += 1
         self.metrics["decode_seqs"] += batch
         self.metrics["max_batch"] = max(self.metrics["max_batch"], batch)
-        tokens, lps = self._sample(out.logits[:, -1], self.rows)
+        tokens, lps, tops = self._sample(out.logits[:, -1], self.rows)
         self._last_tok = torch.tensor(tokens, dtype=torch.long, device=self.device)
         finished = False
-        for req, tok, lp in zip(self.rows, tokens, lps, strict=True):
-            finished |= self._append(req, tok, lp)
+        for req, tok, lp, top in zip(self.rows, tokens, lps, tops, strict=True):
+            finished |= self._append(req, tok, lp, top)
         if finished:
             self._drop_finished()
 
-    def _sample(self, logits: torch.Tensor, reqs: list[GenRequest]) -> tuple[list[int], list[float]]:
+    def _sample(self, logits: torch.Tensor, reqs: list[GenRequest]) -> tuple[list[int], list[float], list[Any]]:
         params = self._params if reqs is self.rows else None
         if params is None:
             params = (
@@ -285,12 +295,19 @@ class Engine:
             if reqs is self.rows:
                 self._params = params
         tokens, lps = sample_next(logits, *params, generator=self.generator)
-        return tokens.tolist(), lps.tolist()
+        nums = [r.top_logprobs_num for r in reqs]
+        tops = top_logprobs(scaled_logprobs(logits, params[0])[1], nums) if any(nums) else [None] * len(reqs)
+        return tokens.tolist(), lps.tolist(), tops
 
-    def _append(self, req: GenRequest, tok: int, lp: float) -> bool:
+    def _append(self, req: GenRequest, tok: int, lp: float, top: Any = None) -> bool:
         """Record one sampled token; finish the request when a stop rule fires."""
+        if req.max_new_tokens <= 0:  # prompt scoring only: the prefill was all it needed
+            self._finish(req, {"type": "length", "length": 0})
+            return True
         req.output_ids.append(tok)
         req.logprobs.append(lp)
+        if req.top_logprobs_num > 0:
+            req.output_top.append(top)
         req.versions.append(self.weight_version)
         self.metrics["tokens"] += 1
         n = len(req.output_ids)

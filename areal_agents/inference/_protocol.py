@@ -6,27 +6,47 @@ which the server answers with HTTP 400 ``{"error": {"message": ...}}``.
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["BadRequest", "GenerateSpec", "parse_generate", "require", "response_body"]
 
-_TOP_LEVEL = {
-    "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "return_text_in_logprobs", "rid", "stream", "lora_path", "image_data", "custom_logit_processor",
-    "token_ids_logprob", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
+# Every field of SGLang's ``GenerateReqInput`` (0.5.x) is accepted. Those this server implements:
+_TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+              "return_text_in_logprobs", "rid", "stream"}  # fmt: skip
+# Hints that never change a reply (logging, tracing, scheduling priority, cache keys): any value.
+_HINTS_TOP = {"log_metrics", "no_logs", "custom_labels", "external_trace_header", "received_time", "routing_key",
+              "conversation_id", "priority", "extra_key", "cache_salt", "http_worker_ipc"}  # fmt: skip
+# Features the embedded server does not implement: accepted at their neutral value (null, empty or
+# SGLang's default), refused with a 400 naming the field otherwise.
+_NEUTRAL_TOP: dict[str, Any] = {
+    **dict.fromkeys(("session_id", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes",
+                     "mm_content_hashes", "video_config", "watermark", "token_ids_logprob", "return_sampling_mask",
+                     "sampling_logprobs_mode", "modalities", "session_params", "lora_path", "lora_id",
+                     "custom_logit_processor", "positional_embed_overrides", "bootstrap_host", "bootstrap_port",
+                     "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "routed_dp_rank", "data_parallel_rank",
+                     "disagg_prefill_dp_rank", "max_thinking_tokens", "need_wait_for_mm_inputs", "num_items_assigned",
+                     "encoder_urls", "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
+                     "video_max_dynamic_patch", "images_config", "mm_processor_kwargs", "multi_item_delimiter_indices",
+                     "token_indices_to_pool", "kv_hints")),
+    **dict.fromkeys(("use_audio_in_video", "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
+                     "return_hidden_states", "return_routed_experts", "return_indexer_topk", "background",
+                     "require_reasoning", "return_bytes", "return_entropy", "return_prompt_token_ids"), False),
+    "routed_experts_start_len": 0,
 }  # fmt: skip
-# Accepted only at their neutral value: the embedded server does not implement them.
-_NEUTRAL_TOP = {"lora_path": None, "image_data": None, "custom_logit_processor": None,
-                "token_ids_logprob": None, "top_logprobs_num": 0, "bootstrap_host": None,
-                "bootstrap_port": None, "bootstrap_room": None, "data_parallel_rank": None}  # fmt: skip
-_NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                     "sampling_seed": None, "regex": None, "json_schema": None, "ebnf": None,
-                     "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
-                     "logit_bias": None}  # fmt: skip
+_NEUTRAL_SAMPLING: dict[str, Any] = {
+    "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "spaces_between_special_tokens": True, "ebnf_full_assistant": False,
+    **dict.fromkeys(("stop_regex", "sampling_seed", "regex", "json_schema", "ebnf", "structural_tag", "beam_width",
+                     "custom_params", "logit_bias", "watermark")),
+}  # fmt: skip
+_HINTS_SAMPLING = {"stream_interval"}  # how often a stream sends: this server sends every token
 _SAMPLING = {"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-             "ignore_eos", "skip_special_tokens", "no_stop_trim", "n", *_NEUTRAL_SAMPLING}  # fmt: skip
+             "ignore_eos", "skip_special_tokens", "no_stop_trim", "n", *_NEUTRAL_SAMPLING, *_HINTS_SAMPLING}  # fmt: skip
+_TOP_ALL = _TOP_LEVEL | _HINTS_TOP | set(_NEUTRAL_TOP)
 
 
 _SAMPLING_EPS = 1e-6
@@ -52,6 +72,10 @@ class GenerateSpec:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: output logprobs only; else prompt logprobs from this position on
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
 
 
 def require(ok: bool, message: str) -> None:
@@ -65,6 +89,15 @@ def _is_int(x: Any) -> bool:
 
 def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _neutral(value: Any, default: Any) -> bool:
+    """Null, empty, SGLang's default, or a per-prompt list of those."""
+    if value is None or (value == default and isinstance(value, bool) == isinstance(default, bool)):
+        return True
+    if isinstance(value, (str, list, tuple, dict)) and not value:
+        return True
+    return isinstance(value, list) and all(_neutral(v, default) for v in value)
 
 
 def _token_list(x: Any, what: str, vocab: int) -> list[int]:
@@ -97,7 +130,9 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     unknown = sorted(set(sp) - _SAMPLING)
     require(not unknown, f"unknown sampling_params: {', '.join(unknown)}")
     for key, neutral in _NEUTRAL_SAMPLING.items():
-        require(sp.get(key, neutral) == neutral, f"sampling_params.{key} is not supported by the embedded server")
+        if not _neutral(sp.get(key), neutral):
+            raise BadRequest(f"sampling_params.{key} is not supported by the embedded server "
+                             f"(only {json.dumps(neutral)} or null; got {json.dumps(sp[key])[:80]})")  # fmt: skip
     out: dict[str, Any] = {}
     for key, default in (("max_new_tokens", 128), ("min_new_tokens", 0), ("n", 1), ("top_k", -1)):
         v = sp.get(key, default)
@@ -126,28 +161,53 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     out["stop"] = stop
     out["stop_token_ids"] = _token_list(sp.get("stop_token_ids") or [], "sampling_params.stop_token_ids", vocab)
     for key, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
-        v = sp.get(key, default)
-        require(isinstance(v, bool), f"sampling_params.{key} must be true or false")
-        out[key] = v
+        out[key] = _flag(sp.get(key), default, f"sampling_params.{key}")
     return out
 
 
-def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> tuple[list[GenerateSpec], bool, bool]:
-    """Check a ``/generate`` body; return (specs, reply_is_list, return_logprob)."""
+def _flag(v: Any, default: bool, what: str) -> bool:
+    require(v is None or isinstance(v, bool), f"{what} must be true or false")
+    return default if v is None else bool(v)
+
+
+def _per_prompt(body: dict[str, Any], key: str, n: int, batched: bool) -> list[Any]:
+    """``body[key]`` for each of the ``n`` prompts: one value for all, or (batched) a list of ``n``."""
+    value = body.get(key)
+    if batched and isinstance(value, list) and (key != "sampling_params" or all(isinstance(v, dict) for v in value)):
+        require(len(value) == n, f"'{key}' must be one value or a list as long as the batch ({n})")
+        return list(value)
+    return [value] * n
+
+
+def _logprob_args(body: dict[str, Any], n: int, batched: bool, vocab: int) -> list[dict[str, Any]]:
+    """The logprob fields of each of the ``n`` prompts (``logprob_start_len`` still unchecked against length)."""
+    columns = [_per_prompt(body, k, n, batched) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")]
+    with_text = _flag(body.get("return_text_in_logprobs"), False, "'return_text_in_logprobs'")
+    out = []
+    for ret, start, top in zip(*columns, strict=True):
+        ret = _flag(ret, False, "'return_logprob'")
+        start = -1 if start is None else start
+        require(_is_int(start) and start >= -1, f"'logprob_start_len' must be an integer >= -1 (got {start!r})")
+        top = 0 if top is None else top
+        require(_is_int(top) and top >= 0, f"'top_logprobs_num' must be an integer >= 0 (got {top!r})")
+        out.append({"return_logprob": ret, "logprob_start_len": start if ret else -1,
+                    "top_logprobs_num": min(top, vocab) if ret else 0, "return_text_in_logprobs": with_text})
+    return out
+
+
+def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> tuple[list[GenerateSpec], bool]:
+    """Check a ``/generate`` body; return (specs, reply_is_list)."""
     require(isinstance(body, dict), "the request body must be a JSON object")
-    unknown = sorted(set(body) - _TOP_LEVEL)
+    unknown = sorted(set(body) - _TOP_ALL)
     require(not unknown, f"unknown fields: {', '.join(unknown)}")
     for key, neutral in _NEUTRAL_TOP.items():
-        require(body.get(key, neutral) in (neutral, None), f"'{key}' is not supported by the embedded server")
+        require(_neutral(body.get(key), neutral), f"'{key}' is not supported by the embedded server")
     prompts, batched = _prompts(body, tokenizer, vocab)
     for i, p in enumerate(prompts):
         require(len(p) > 0, f"prompt {i} is empty")
         require(len(p) < context_len, f"prompt {i} has {len(p)} tokens; the context length is {context_len}")
-    sp = _sampling(body.get("sampling_params"), vocab)
-    return_logprob = body.get("return_logprob", False)
-    require(isinstance(return_logprob, bool), "'return_logprob' must be true or false")
-    for key in ("logprob_start_len",):
-        require(body.get(key) is None or _is_int(body[key]), f"'{key}' must be an integer")
+    sps = [_sampling(sp, vocab) for sp in _per_prompt(body, "sampling_params", len(prompts), batched)]
+    logprob_args = _logprob_args(body, len(prompts), batched, vocab)
     rid = body.get("rid")
     if batched:
         rids = rid if rid is not None else [None] * len(prompts)
@@ -155,29 +215,45 @@ def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> t
     else:
         rids = [rid]
     require(all(r is None or isinstance(r, str) for r in rids), "'rid' must be a string (or a list of strings)")
-    n = sp.pop("n")
     specs = []
-    for prompt, r in zip(prompts, rids, strict=True):
+    for i, (prompt, r, sp, lp) in enumerate(zip(prompts, rids, sps, logprob_args, strict=True)):
+        start = lp["logprob_start_len"]
+        require(start <= len(prompt), f"'logprob_start_len' ({start}) is larger than prompt {i}'s {len(prompt)} tokens")
         base = r if r is not None else uuid.uuid4().hex
+        n = sp.pop("n")
         for j in range(n):
-            specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, **sp))
-    return specs, batched or n > 1, return_logprob
+            specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, **sp, **lp))
+    return specs, batched or len(specs) > len(prompts)
+
+
+def _triples(tokenizer: Any, with_text: bool, logprobs: Sequence[float | None], ids: Sequence[int]) -> list[list[Any]]:
+    """SGLang's ``[logprob, token_id, text]`` rows (text only with ``return_text_in_logprobs``)."""
+    texts = tokenizer.batch_decode([[t] for t in ids]) if with_text and ids else [None] * len(ids)
+    return [[lp, t, x] for lp, t, x in zip(logprobs, ids, texts, strict=True)]
+
+
+def _top_rows(tokenizer: Any, with_text: bool, tops: Sequence[Any]) -> list[Any]:
+    return [None if t is None else _triples(tokenizer, with_text, t[0], t[1]) for t in tops]
 
 
 def response_body(
     spec: GenerateSpec,
-    output_ids: list[int],
-    logprobs: list[float],
-    versions: list[str],
+    req: Any,
+    n: int,
     finish: dict[str, Any] | None,
-    matched_stop: str | None,
     weight_version: str,
     latency: float,
-    return_logprob: bool,
     tokenizer: Any,
 ) -> dict[str, Any]:
-    """The SGLang reply for one finished sequence (``output_token_weight_versions`` is an extension)."""
+    """The SGLang reply for ``req``'s first ``n`` tokens (all of them once finished).
+
+    ``req`` carries ``output_ids``, ``logprobs``, ``versions``, ``output_top``,
+    ``input_logprobs``, ``input_top`` and ``matched_stop`` (an engine ``GenRequest``);
+    ``output_token_weight_versions`` is an extension of SGLang's reply.
+    """
+    output_ids, versions = req.output_ids[:n], req.versions[:n]
     text = tokenizer.decode(output_ids, skip_special_tokens=spec.skip_special_tokens)
+    matched_stop = req.matched_stop if finish is not None else None
     if matched_stop is not None and not spec.no_stop_trim:
         cut = text.find(matched_stop)
         text = text[:cut] if cut >= 0 else text
@@ -191,6 +267,12 @@ def response_body(
         "output_token_weight_versions": versions,
         "e2e_latency": latency,
     }
-    if return_logprob:
-        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logprobs, output_ids, strict=True)]
+    if spec.return_logprob:
+        with_text, start = spec.return_text_in_logprobs, spec.logprob_start_len
+        prompt_window = spec.prompt[start:] if start >= 0 and req.input_logprobs is not None else []
+        meta["input_token_logprobs"] = _triples(tokenizer, with_text, req.input_logprobs or [], prompt_window)
+        meta["output_token_logprobs"] = _triples(tokenizer, with_text, req.logprobs[:n], output_ids)
+        if spec.top_logprobs_num > 0:
+            meta["input_top_logprobs"] = _top_rows(tokenizer, with_text, req.input_top or [])
+            meta["output_top_logprobs"] = _top_rows(tokenizer, with_text, req.output_top[:n])
     return {"text": text, "output_ids": output_ids, "meta_info": meta}

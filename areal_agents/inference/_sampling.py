@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["sample_next"]
+__all__ = ["prompt_logprobs", "sample_next", "scaled_logprobs", "top_logprobs"]
 
 
 def sample_next(
@@ -30,9 +30,7 @@ def sample_next(
     """
     logits = logits.float()
     greedy = temperature <= 0
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
-    scaled = logits / temp[:, None]
-    logp = torch.log_softmax(scaled, dim=-1)
+    scaled, logp = scaled_logprobs(logits, temperature)
     if bool(greedy.all()):
         tokens = logits.argmax(dim=-1)
     else:
@@ -54,3 +52,41 @@ def sample_next(
         sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+def scaled_logprobs(logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits / T, log_softmax(logits / T))`` in float32, ``T = 1`` where ``temperature <= 0``."""
+    logits = logits.float()
+    temp = torch.where(temperature <= 0, torch.ones_like(temperature), temperature).to(logits.dtype)
+    scaled = logits / temp[:, None]
+    return scaled, torch.log_softmax(scaled, dim=-1)
+
+
+def top_logprobs(logp: torch.Tensor, nums: list[int]) -> list[tuple[list[float], list[int]] | None]:
+    """Row ``i``'s ``nums[i]`` most likely tokens as ``(logprobs, token_ids)``, best first (``None`` for 0)."""
+    k = min(max(nums, default=0), logp.shape[-1])
+    if k <= 0:
+        return [None] * len(nums)
+    values, ids = logp.topk(k, dim=-1)
+    vals, idx = values.tolist(), ids.tolist()
+    return [(vals[i][:n], idx[i][:n]) if n > 0 else None for i, n in enumerate(nums)]
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, ids: list[int], start: int, top_n: int
+) -> tuple[list[float | None], list[tuple[list[float], list[int]] | None]]:
+    """SGLang's input logprobs of ``ids[start:]`` from the prompt's logits (row ``p`` predicts ``ids[p + 1]``).
+
+    The first token of the window has no logprob (``None``), as in SGLang, whatever ``start``
+    is; the others get ``log_softmax(logits)`` (temperature 1) at their position. The second
+    list holds each position's ``top_n`` alternatives (``None`` first, and everywhere when
+    ``top_n`` is 0).
+    """
+    n = len(ids)
+    if start >= n:
+        return [], []
+    logp = torch.log_softmax(logits[start : n - 1].float(), dim=-1)
+    targets = torch.tensor(ids[start + 1 :], dtype=torch.long, device=logp.device)
+    values: list[float | None] = [None, *logp.gather(1, targets[:, None]).squeeze(1).tolist()]
+    tops: list[tuple[list[float], list[int]] | None] = [None, *top_logprobs(logp, [top_n] * (n - 1 - start))]
+    return values, tops

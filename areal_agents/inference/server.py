@@ -86,10 +86,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if not engine.alive:
         return _error(503, f"decode loop is not running: {engine.error!r}")
     body = await _json(request)
-    specs, as_list, return_logprob = parse_generate(
-        body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len
-    )
-    stream = body.get("stream", False)
+    specs, as_list = parse_generate(body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len)
+    stream = False if body.get("stream") is None else body["stream"]
     require(isinstance(stream, bool), "'stream' must be true or false")
     require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
     loop = asyncio.get_running_loop()
@@ -105,18 +103,19 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             max_new_tokens=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
             min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
+            logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
             done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )  # fmt: skip
         reqs.append(req)
-        if req.max_new_tokens <= 0:
+        if req.max_new_tokens <= 0 and req.logprob_start < 0:  # nothing to compute
             req.finish = {"type": "length", "length": 0}
             fut.set_result(req)
         else:
             engine.submit(req)
     try:
         if stream:
-            return await _stream(request, specs[0], reqs[0], futures[0], progress, return_logprob, start)
+            return await _stream(request, specs[0], reqs[0], futures[0], progress, start)
         done = await asyncio.gather(*futures)
     except asyncio.CancelledError:  # the client went away: free its batch slots
         ids = {id(r) for r in reqs}
@@ -127,15 +126,14 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if failed:  # 5xx: the client retries, possibly on another server
         return _error(500, f"generation failed: {failed[0]}")
     bodies = [
-        response_body(spec, r.output_ids, r.logprobs, r.versions, r.finish, r.matched_stop,
-                      engine.weight_version, latency, return_logprob, engine.tokenizer)
+        response_body(spec, r, len(r.output_ids), r.finish, engine.weight_version, latency, engine.tokenizer)
         for spec, r in zip(specs, done, strict=True)
-    ]  # fmt: skip
+    ]
     return web.json_response(bodies if as_list else bodies[0])
 
 
 async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future[Any], progress: asyncio.Queue[None],
-                  return_logprob: bool, start: float) -> web.StreamResponse:
+                  start: float) -> web.StreamResponse:
     """Server-sent events as SGLang sends them: ``data: {reply so far}`` per new token (text,
     ids and logprobs cumulative, ``finish_reason`` null until the last), then ``data: [DONE]``."""
     engine = request.app[_ENGINE]
@@ -143,9 +141,7 @@ async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future
     await resp.prepare(request)
 
     async def send(n: int, finish: dict[str, Any] | None) -> None:
-        body = response_body(spec, req.output_ids[:n], req.logprobs[:n], req.versions[:n], finish,
-                             req.matched_stop if finish else None, engine.weight_version, time.monotonic() - start,
-                             return_logprob, engine.tokenizer)  # fmt: skip
+        body = response_body(spec, req, n, finish, engine.weight_version, time.monotonic() - start, engine.tokenizer)
         await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
     sent = 0

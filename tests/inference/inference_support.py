@@ -45,3 +45,30 @@ def reforward_logprobs(model_dir: Path, prompt: list[int], output: list[int], te
     logp = torch.log_softmax(logits / temperature, dim=-1)
     n = len(prompt)
     return logp[n - 1 : -1].gather(1, torch.tensor(output)[:, None]).squeeze(1).tolist()
+
+
+def load_reference(model_dir: Path) -> tuple[Any, Any]:
+    """The model (float32, eval) and tokenizer of ``model_dir``, for independent references."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+def full_logprobs(model: Any, ids: list[int]) -> Any:
+    """``[len(ids), V]`` temperature-1 logprobs of one full forward pass; row ``p`` predicts ``ids[p + 1]``."""
+    import torch
+
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def greedy_ids(model: Any, ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
+    """Greedy continuation by full re-forwards, ending after an EOS token or ``max_new_tokens``."""
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        out.append(int(full_logprobs(model, ids + out)[-1].argmax()))
+        if out[-1] in eos_ids:
+            break
+    return out

@@ -14,7 +14,8 @@ import torch
 from areal_agents.config import ActorConfig, ExperimentConfig, TrainerConfig
 from areal_agents.types import Trajectory
 
-__all__ = ["VOCAB", "make_cfg", "make_trajs", "nll_loss_fn", "step_batch", "tiny_qwen", "train_worker"]
+__all__ = ["VOCAB", "hsdp_worker", "linear_adam", "make_cfg", "make_trajs", "nll_loss_fn", "one_step_cfg", "step_batch",
+           "tiny_qwen", "train_worker"]
 
 VOCAB = 64
 
@@ -98,6 +99,50 @@ def train_worker(rank: int, world: int, model_path: str, out_file: str, steps: i
         results.append({"losses": losses, "logp": logp, "state": engine.full_state_dict()})
     if rank == 0:
         torch.save(results, out_file)
+
+
+def one_step_cfg(nproc: int = 1, **actor: Any) -> ExperimentConfig:
+    """:func:`make_cfg` for comparing one optimiser step: LR 1, no clipping, no weight decay."""
+    return make_cfg(nproc, **{"lr": 1.0, "max_grad_norm": 0.0, "weight_decay": 0.0, "max_tokens_per_mb": 70, **actor})
+
+
+def linear_adam(engine: Any) -> None:
+    """AdamW's first step is ``lr * g / (|g| + eps)``: about ``lr * sign(g)`` with the usual eps,
+    blind to how precisely ``g`` was reduced. ``eps = 1`` makes it about ``lr * g``."""
+    for group in engine.actor.optimizer.param_groups:
+        group["eps"] = 1.0
+
+
+def hsdp_worker(rank: int, world: int, model_path: str, out_dir: str, reduce_dtypes: list[str]) -> None:
+    """Spawned rank of a 2 x 2 HSDP mesh: for each ``grad_reduce_dtype``, one training step on
+    ``step_batch(0)``; saves to ``out_dir/rank{rank}.pt`` the mesh, each parameter's placements
+    and local shard before and after, the reduce dtype FSDP was given, the metrics and (the
+    same on every rank) the full parameters before and after."""
+    from torch.distributed.tensor import DTensor
+
+    from trainers.engine import TrainEngine
+
+    torch.set_num_threads(1)  # four ranks share the machine's cores
+    results = {}
+    for reduce_dtype in reduce_dtypes:
+        engine = TrainEngine(one_step_cfg(world, hsdp_replicate=2, grad_reduce_dtype=reduce_dtype), model_path)
+        linear_adam(engine)
+        params = dict(engine.model.named_parameters())
+        assert all(isinstance(p, DTensor) for p in params.values())
+        layout = {k: {"placements": [repr(pl) for pl in p.placements], "shape": tuple(p.shape),
+                      "local_before": p.to_local().detach().clone()} for k, p in params.items()}  # fmt: skip
+        full_before = engine.full_state_dict()
+        torch.manual_seed(0)  # step_batch's returns draw from the global RNG
+        metrics = engine.train_batch(step_batch(0), nll_loss_fn)
+        for k, p in params.items():
+            layout[k]["local_after"] = p.to_local().detach().clone()
+        policies = {type(m).__name__: str(m._get_fsdp_state()._mp_policy.reduce_dtype)
+                    for m in engine.model.modules() if hasattr(m, "_get_fsdp_state")}  # fmt: skip
+        results[reduce_dtype] = {
+            "mesh": engine.mesh.mesh.tolist(), "dims": engine.mesh.mesh_dim_names, "params": layout,
+            "reduce_dtypes": policies, "metrics": metrics, "before": full_before, "after": engine.full_state_dict(),
+        }  # fmt: skip
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
 
 
 def _main() -> None:
