@@ -254,7 +254,7 @@ class ActorConfig:
     lr: float = f(2e-4, "AdamW learning rate (tuned for the tiny default model; ~1e-6 suits billion-parameter models).")
     weight_decay: float = f(0.0, "AdamW weight decay.")
     betas: list[float] = f([0.9, 0.999], "AdamW betas.")
-    warmup_steps: int = f(0, "Linear warmup steps.")
+    warmup_steps: int = f(10, "Linear warmup steps (Adam's first full-size steps knock a warm-started policy back without one).")
     lr_schedule: str = f("cosine", "constant | cosine (after warmup, down to min_lr_ratio).")
     min_lr_ratio: float = f(0.1, "Cosine schedule floor as a fraction of lr.")
     max_grad_norm: float = f(1.0, "Gradient-norm clip; 0 disables.")
@@ -360,7 +360,7 @@ class SFTConfig:
     steps: int = f(500, "Optimiser steps of `areal-agents sft`.")
     batch_size: int = f(64, "Examples per step.")
     lr: float = f(1e-3, "Peak learning rate (cosine decay after warmup).")
-    warm_start_steps: int = f(300, "Most steps of the partial SFT `run` does without actor.path (it stops earlier "
+    warm_start_steps: int = f(600, "Most steps of the partial SFT `run` does without actor.path (it stops earlier "
                                    "at warm_start_target, leaving RL room to learn).")
     warm_start_lr: float = f(1e-3, "Peak learning rate of that warm start.")
     warm_start_target: float = f(0.4, "The warm start stops at the first check whose greedy accuracy on the eval rows "

@@ -178,7 +178,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
             # the embedded servers hold cpus // (n + 1) threads each; oversubscribed OpenMP pools busy-wait
             cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
-            torch.set_num_threads(int(os.environ.get("XTHREADS", max(1, cpus - n * max(1, cpus // (n + 1))))))
+            torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
         engine = TrainEngine(cfg, model_path)
         sync = make_weight_sync(cfg, addresses, run_dir / "weights")
         stack.callback(sync.close)
