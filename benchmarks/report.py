@@ -96,6 +96,26 @@ def _weight_sync(d: dict[str, Any]) -> Row:
                d["ratio"], f"≥ {d.get('target_ratio', 1.0)}", d.get("meets_target"), "bench_weight_sync.py")
 
 
+def _learning(d: dict[str, Any]) -> Row:
+    a, p = d["summary"]["areal"], d["summary"]["plain"]
+
+    def reach(s: dict[str, Any]) -> str:
+        t = s["time_to_s"]["0.90"]
+        return f"0.90 in {t['mean']:.0f} s ({t['n']}/{t['of']} runs)" if t["n"] else f"0.90 in 0/{t['of']} runs"
+
+    def acc(s: dict[str, Any]) -> str:
+        f = s["final_accuracy"]
+        return f"accuracy {f['mean']:.2f} (min {f['min']:.2f}, max {f['max']:.2f})"
+
+    runs = f"{len(d['seeds'])} seed{'s' if len(d['seeds']) > 1 else ''}"
+    return Row(f"Learning, `run --env math` vs plain sync GRPO loop, same warm start, {d['budget_s']:.0f} s of "
+               f"training each, {runs}",
+               f"{a['samples_per_s']['mean']:,.0f} samples/s, {acc(a)}, {reach(a)}",
+               f"plain loop: {p['samples_per_s']['mean']:,.0f} samples/s, {acc(p)}, {reach(p)}",
+               d.get("samples_per_s_ratio"), "≥ 1.5 samples/s, ≤ 0.6 time to 0.90", d.get("meets_target"),
+               "bench_learning.py")
+
+
 # results file stem -> row builder; files not listed here (e.g. reliability.json) are not benchmarks
 BUILDERS: dict[str, Callable[[dict[str, Any]], Row]] = {
     "inference_server": _inference_server,
@@ -105,6 +125,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Row]] = {
     "rollout_async_embedded": _rollout_async,
     "trainer": _trainer,
     "weight_sync": _weight_sync,
+    "learning": _learning,
 }
 
 

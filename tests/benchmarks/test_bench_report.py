@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -110,9 +111,22 @@ def _weight_sync(d: dict) -> None:
         assert all(c["max_abs_logprob_diff"] <= d["checks"]["tolerance"] for c in d["checks"][kind])
 
 
+def _learning(d: dict) -> None:
+    runs = d["runs"]  # both systems ran every seed, from the same warm start, for the same training budget
+    assert [r["seed"] for r in runs["areal"]] == [r["seed"] for r in runs["plain"]] == d["seeds"]
+    for a, p in zip(runs["areal"], runs["plain"], strict=True):
+        assert abs(a["curve"][0][1] - p["curve"][0][1]) <= 0.02  # greedy, same model, same rows: same start
+        assert min(a["train_s"], p["train_s"]) >= 0.9 * d["budget_s"]
+        for r in (a, p):
+            assert 0.9 * r["steps"] * 128 <= r["samples"] <= r["steps"] * 128 and [t for t, _ in r["curve"]] == sorted(t for t, _ in r["curve"])
+    mean = {k: statistics.fmean(r["samples"] / r["train_s"] for r in rs) for k, rs in runs.items()}
+    assert abs(d["ratio"] - mean["areal"] / mean["plain"]) < 1e-9
+
+
 MEANING = {"inference_server": _inference_server, "inference_client": _inference_client,
            "rollout_overhead": _rollout_overhead, "rollout_async": _rollout_async,
-           "rollout_async_embedded": _rollout_async, "trainer": _trainer, "weight_sync": _weight_sync}
+           "rollout_async_embedded": _rollout_async, "trainer": _trainer, "weight_sync": _weight_sync,
+           "learning": _learning}
 
 
 def test_report_on_the_repository_results(tmp_path: Path) -> None:

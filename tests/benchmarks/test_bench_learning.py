@@ -1,0 +1,39 @@
+"""The learning benchmark's analysis: accuracy at a time, time to a threshold, summaries over seeds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_learning as bl  # noqa: E402
+
+sys.path.pop(0)
+
+
+def _run(curve: list[list[float]], samples: int, train_s: float) -> dict:
+    return {"curve": curve, "samples": samples, "train_s": train_s, "steps": samples // 128}
+
+
+def test_accuracy_at_a_time_is_the_last_eval_before_it() -> None:
+    curve = [[0.0, 0.4], [50.0, 0.6], [130.0, 0.9]]
+    assert bl.acc_at(curve, 0) == 0.4 and bl.acc_at(curve, 60) == 0.6 and bl.acc_at(curve, 129.9) == 0.6
+    assert bl.acc_at(curve, 130) == 0.9 and bl.acc_at(curve, 10_000) == 0.9
+    assert bl.time_to(curve, 0.9) == 130.0 and bl.time_to(curve, 0.5) == 50.0 and bl.time_to(curve, 0.95) is None
+
+
+def test_summary_over_seeds_reports_mean_spread_and_holding() -> None:
+    runs = [_run([[0.0, 0.5], [60.0, 0.92], [240.0, 0.85]], 1280, 240.0),  # reaches 0.90 and loses it
+            _run([[0.0, 0.5], [120.0, 0.91], [240.0, 0.96]], 2560, 240.0)]
+    s = bl.summarise(runs, budget_s=240.0)
+    assert s["samples_per_s"]["mean"] == pytest.approx((1280 + 2560) / 240 / 2)
+    assert s["samples_per_s"]["min"] == pytest.approx(1280 / 240)
+    assert s["accuracy_at_min"]["1"]["mean"] == pytest.approx((0.92 + 0.5) / 2)
+    assert s["accuracy_at_min"]["4"] == {"mean": pytest.approx(0.905), "min": 0.85, "max": 0.96, "n": 2, "of": 2}
+    assert "8" not in s["accuracy_at_min"]  # beyond the budget
+    t90 = s["time_to_s"]["0.90"]
+    assert t90["mean"] == 90.0 and t90["n"] == 2 and t90["held_at_end"] == 1
+    assert s["time_to_s"]["0.95"]["n"] == 1 and s["time_to_s"]["0.95"]["min"] == 240.0
+    assert s["final_accuracy"]["min"] == 0.85
