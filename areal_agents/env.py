@@ -14,6 +14,7 @@ import contextvars
 import inspect
 import math
 import numbers
+import queue
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,14 +40,57 @@ def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
             fut.set_exception(value)
 
 
+class _ElasticThreads:
+    """Daemon worker threads that are reused, and added whenever none is idle.
+
+    A call that never returns parks only the thread running it; the next call gets another
+    thread, so hung env calls can neither starve the others nor hold up shutdown (daemon
+    threads). Reuse saves a thread start per env call (under GIL pressure, starting a thread
+    stalls the event loop that asked for it). Idle threads leave after ``idle_s`` seconds.
+    """
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self.idle_s = idle_s
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # that thread is claimed: the job below is its
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, name="env-call", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # not claimed since it went idle: leave
+                        self._idle -= 1
+                        return
+                continue  # claimed: its job is being queued
+            job()
+            with self._lock:
+                self._idle += 1
+
+
+_THREADS = _ElasticThreads()
+
+
 async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """``await fn(*args, **kwargs)`` run on a new daemon thread (like ``asyncio.to_thread``).
+    """``await fn(*args, **kwargs)`` run on a worker thread (like ``asyncio.to_thread``).
 
     Unlike ``asyncio.to_thread`` it does not use the event loop's bounded default pool: a
     sync env call that never returns parks one daemon thread of its own, so it can neither
-    starve other episodes of pool threads nor hold up the loop's shutdown. A
-    ``BaseException`` such as ``SystemExit`` raised by ``fn`` arrives as a ``RuntimeError``,
-    so it cannot stop the caller's event loop.
+    starve other episodes of threads nor hold up the loop's shutdown (threads are reused
+    while they are free, and added when none is). A ``BaseException`` such as
+    ``SystemExit`` raised by ``fn`` arrives as a ``RuntimeError``, so it cannot stop the
+    caller's event loop.
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
@@ -64,7 +108,7 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
         except RuntimeError:  # the loop is closed: nobody waits for the result any more
             pass
 
-    threading.Thread(target=work, name=f"env-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    _THREADS.submit(work)
     return await fut
 
 
