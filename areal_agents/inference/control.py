@@ -49,9 +49,22 @@ def _urls(addrs: Addrs) -> list[str]:
     return [normalize_address(a) for a in ([addrs] if isinstance(addrs, str) else addrs)]
 
 
+_CLIENT: httpx.Client | None = None
+
+
+def _client() -> httpx.Client:
+    """One client for the process: a fresh one per request would build an SSL context (reading
+    the CA bundle) every time, tens of ms per weight sync. No keep-alive, so a server that
+    restarted is never reached through a dead pooled connection."""
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+    return _CLIENT
+
+
 def _request(method: str, url: str, timeout: float, json: dict[str, Any] | None = None) -> httpx.Response:
     try:
-        resp = httpx.request(method, url, json=json, timeout=timeout)
+        resp = _client().request(method, url, json=json, timeout=timeout)
     except httpx.TransportError as exc:
         raise ServerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
@@ -92,7 +105,7 @@ def wait_healthy(addrs: Addrs, timeout: float = 120.0, interval: float = 0.2) ->
         last = "no answer"
         while True:
             try:
-                status = httpx.get(url + "/health", timeout=max(0.5, min(5.0, timeout))).status_code
+                status = _client().get(url + "/health", timeout=max(0.5, min(5.0, timeout))).status_code
                 if status == 200:
                     break
                 last = f"HTTP {status}"
