@@ -168,6 +168,17 @@ def _limit_memory(memory_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def _import_files(files: dict[str, str]) -> None:
+    """Import the user's ``.py`` files (``imports=``) a pickled reward may live in, once each."""
+    import sys
+
+    from areal_agents.config_loader import import_user_module
+
+    for name, path in files.items():
+        if name not in sys.modules:
+            import_user_module(path)
+
+
 def _worker_main(conn: Any, memory_bytes: int | None = None) -> None:
     """Worker process loop: receive ``(fn, completion, row)``, send ``(ok, value_or_error)``."""
     _limit_memory(memory_bytes)
@@ -179,7 +190,9 @@ def _worker_main(conn: Any, memory_bytes: int | None = None) -> None:
         if not job:
             return
         try:
-            fn, completion, row = pickle.loads(job)
+            files, payload = pickle.loads(job)
+            _import_files(files)
+            fn, completion, row = pickle.loads(payload)
             reply: tuple[bool, Any] = (True, _check_value(fn(completion, **row)))
         except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
             reply = (False, f"{type(exc).__name__}: {exc}")
@@ -252,7 +265,9 @@ class RewardRunner:
         """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
         t0 = time.monotonic()
         try:
-            job = pickle.dumps((resolve_reward(fn), completion, dict(row or {})))
+            from areal_agents.config_loader import user_files
+
+            job = pickle.dumps((user_files(), pickle.dumps((resolve_reward(fn), completion, dict(row or {})))))
         except Exception as exc:  # noqa: BLE001
             return self._count(RewardResult(0.0, "reward_error", f"cannot send reward call to a worker: {exc}"))
         with self._slots:
