@@ -31,7 +31,8 @@ COMMANDS = {
 # Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
 # a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
 _USER_ERRORS = (
-    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError",
+    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError", "areal_agents._failures:EpisodesFailed",
+    "areal_agents.preflight:PreflightError",
     "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
     "areal_agents.inference.launcher:LaunchError",
 )
@@ -51,7 +52,8 @@ def _is_user_error(exc: BaseException) -> bool:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     more = f" (+{len(lines) - 1} lines: AREAL_AGENTS_TRACEBACK=1 shows them)" if len(lines) > 1 else ""
-    return f"{type(exc).__name__}: {lines[0]}{more}"
+    kind = "" if getattr(exc, "names_its_cause", False) else f"{type(exc).__name__}: "  # the message says it all
+    return f"{kind}{lines[0]}{more}"
 
 
 def check_model_dir(path: str | None, key: str) -> None:
@@ -180,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("run", "sft", "eval"):
             args.cfg = load_args_config(args)  # validate before importing anything heavy
             check_model_dir(args.cfg.actor.path, "actor.path")
+        if args.command == "run" and "WORLD_SIZE" not in os.environ:  # user code, before torch loads
+            from areal_agents.preflight import preflight
+
+            preflight(args.cfg)
         if args.command in ("eval", "serve"):
             check_model_dir(args.model, "--model")
         spec = COMMANDS[args.command]

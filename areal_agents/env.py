@@ -240,8 +240,8 @@ def _check_step(env: Env, out: Any, where: str) -> tuple[Observation, float, boo
     return obs, float(reward), terminated, truncated, info
 
 
-def _rollout(env: Env, seed: int, actions: Sequence[str], steps: int) -> list[Any]:
-    trace: list[Any] = [_check_reset(env, env.reset(seed=seed), f"reset(seed={seed})")[0]]
+def _rollout(env: Env, seed: int, actions: Sequence[str], steps: int, options: dict[str, Any] | None) -> list[Any]:
+    trace: list[Any] = [_check_reset(env, env.reset(seed=seed, options=options), f"reset(seed={seed})")[0]]
     for i in range(steps):
         action = actions[i % len(actions)]
         obs, reward, terminated, truncated, _ = _check_step(env, env.step(action), f"step({action!r}) #{i}")
@@ -251,7 +251,8 @@ def _rollout(env: Env, seed: int, actions: Sequence[str], steps: int) -> list[An
     return trace
 
 
-def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str] | None = None) -> None:
+def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str] | None = None,
+              options: dict[str, Any] | None = None) -> None:
     """Validate a text env the way Gymnasium's checker does; raise :class:`EnvCheckError` if not.
 
     Checks: it is an :class:`Env`; ``reset`` returns ``(obs, info)`` with a ``str``/messages
@@ -259,15 +260,16 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
     flags and a dict info (``"success": bool`` when the episode ends); the same seed and the
     same actions give the same observations and rewards; ``areset``/``astep`` agree with the
     sync methods; ``reference_completion`` returns ``str`` or ``None``. ``actions`` are
-    played in turn (default: a few generic probe replies) for at most ``steps`` steps.
+    played in turn (default: a few generic probe replies) for at most ``steps`` steps;
+    ``options`` (a dataset row) is passed to every reset (default: the env draws a row).
     """
     if not isinstance(env, Env):
         _fail(env, "the env must subclass areal_agents.Env (observations and actions are text)")
     probes = list(actions) if actions else list(DEFAULT_PROBE_ACTIONS)
     if not all(isinstance(a, str) for a in probes):
         raise TypeError("check_env: actions must be strings")
-    first = _rollout(env, seed, probes, steps)
-    second = _rollout(env, seed, probes, steps)
+    first = _rollout(env, seed, probes, steps, options)
+    second = _rollout(env, seed, probes, steps, options)
     if first != second:
         diff = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
         what = "reset" if diff == 0 else f"step #{diff - 1}"
@@ -281,7 +283,7 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
         _fail(env, f"not deterministic: episode length differs between two runs with seed={seed}")
 
     async def _async_trace() -> list[Any]:
-        obs, _ = _check_reset(env, await env.areset(seed=seed), "areset")
+        obs, _ = _check_reset(env, await env.areset(seed=seed, options=options), "areset")
         trace: list[Any] = [obs]
         for i in range(len(first) - 1):
             action = probes[i % len(probes)]

@@ -22,6 +22,7 @@ import pickle
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -145,14 +146,33 @@ class RewardResult:
         return self.status == "ok"
 
 
+class _BadValue(Exception):
+    """A reward returned something that is not a finite number."""
+
+
 def _check_value(value: Any) -> float:
     """``value`` as a finite float; numbers of any kind (numpy too) but not bools or strings."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"reward returned {type(value).__name__} {value!r:.60}, not a number")
+        raise _BadValue(f"returned {type(value).__name__} {value!r:.60}, not a number")
     result = float(value)
     if not math.isfinite(result):
-        raise ValueError(f"reward returned {result}, not a finite number")
+        raise _BadValue(f"returned {result}, not a finite number")
     return result
+
+
+def _failure(fn: Any, exc: BaseException) -> str:
+    """What went wrong in ``fn`` (``returned str ..., not a number`` or ``raised Type: msg``)
+    and where: the innermost line of ``fn``'s file in the traceback, else where ``fn`` is defined."""
+    from areal_agents._failures import function_location
+
+    where = function_location(fn)
+    code = getattr(fn, "__code__", None)
+    if not isinstance(exc, _BadValue) and code is not None:
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename]
+        if lines:
+            where = f"{where.rsplit(':', 1)[0] if where else '?'}:{lines[-1]}"
+    what = str(exc) if isinstance(exc, _BadValue) else f"raised {type(exc).__name__}: {exc}".rstrip(": ")
+    return what + (f" ({where})" if where else "")
 
 
 def _limit_memory(memory_bytes: int | None) -> None:
@@ -189,13 +209,14 @@ def _worker_main(conn: Any, memory_bytes: int | None = None) -> None:
             return
         if not job:
             return
+        fn = None
         try:
             files, payload = pickle.loads(job)
             _import_files(files)
             fn, completion, row = pickle.loads(payload)
             reply: tuple[bool, Any] = (True, _check_value(fn(completion, **row)))
         except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
-            reply = (False, f"{type(exc).__name__}: {exc}")
+            reply = (False, _failure(fn, exc) if fn is not None else f"cannot load the reward: {type(exc).__name__}: {exc}")
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
@@ -264,12 +285,14 @@ class RewardRunner:
     def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
         """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
         t0 = time.monotonic()
+        label = f"reward {fn if isinstance(fn, str) else getattr(fn, '__name__', 'function')!r}"
         try:
             from areal_agents.config_loader import user_files
 
-            job = pickle.dumps((user_files(), pickle.dumps((resolve_reward(fn), completion, dict(row or {})))))
+            resolved = resolve_reward(fn)
+            job = pickle.dumps((user_files(), pickle.dumps((resolved, completion, dict(row or {})))))
         except Exception as exc:  # noqa: BLE001
-            return self._count(RewardResult(0.0, "reward_error", f"cannot send reward call to a worker: {exc}"))
+            return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
         with self._slots:
             with self._lock:
                 if self._closed:
@@ -283,18 +306,19 @@ class RewardRunner:
                 worker.conn.send_bytes(job)
                 if not worker.conn.poll(self.timeout):
                     worker.kill()
-                    return self._count(
-                        RewardResult(0.0, "timeout", f"reward did not return within {self.timeout:g} s",
-                                     time.monotonic() - t0)
-                    )
+                    from areal_agents._failures import function_location
+
+                    where = function_location(resolved)
+                    return self._count(RewardResult(
+                        0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
+                        + (f" ({where})" if where else ""), time.monotonic() - t0))
                 ok, value = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError):
                 worker.proc.join(timeout=5)
                 code = worker.proc.exitcode
                 worker.kill()
-                return self._count(
-                    RewardResult(0.0, "reward_error", f"reward worker died (exit code {code})", time.monotonic() - t0)
-                )
+                return self._count(RewardResult(
+                    0.0, "reward_error", f"{label} ended its worker process (exit code {code})", time.monotonic() - t0))
             with self._lock:
                 if self._closed:
                     worker.stop()
@@ -303,7 +327,7 @@ class RewardRunner:
         dt = time.monotonic() - t0
         if ok:
             return self._count(RewardResult(float(value), "ok", "", dt))
-        return self._count(RewardResult(0.0, "reward_error", str(value), dt))
+        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
 
     __call__ = compute
 
