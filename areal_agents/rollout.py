@@ -45,7 +45,15 @@ from typing import Any
 
 from areal_agents._episode import EpisodeFn, make_episode_fn, write_rollouts
 from areal_agents._failures import EpisodesFailed, failure_message
-from areal_agents._groups import Group, GroupFilter, Ledger, RowFeeder, batch_metrics, make_group_filter
+from areal_agents._groups import (
+    Group,
+    GroupFilter,
+    Ledger,
+    RowFeeder,
+    batch_metrics,
+    make_group_filter,
+    nonzero_std,
+)
 from areal_agents._loop_thread import LoopThread
 from areal_agents._scheduling import SchedulerMixin
 from areal_agents.config import RolloutConfig
@@ -280,6 +288,9 @@ class RolloutExecutor(SchedulerMixin):
 
     def _record_batch(self, groups: list[list[Trajectory]]) -> None:
         metrics = batch_metrics([t for g in groups for t in g], self.get_version())
+        sized = [g for g in groups if len(g) > 1]  # groups of one: is there any spread in the batch?
+        metrics["rollout/signal_groups"] = (sum(map(nonzero_std, sized)) / len(sized) if sized
+                                            else float(metrics["rollout/reward_std"] > 0))
         now = time.monotonic()
         with self._cond:
             t0, f0, g0 = self._rate_mark
@@ -304,7 +315,9 @@ class RolloutExecutor(SchedulerMixin):
 
         ``rollout/episode_len`` is the mean trajectory length in tokens (prompt, generated and
         env tokens), ``rollout/tokens`` the mean generated tokens, ``rollout/turns`` the mean
-        LLM turns; ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
+        LLM turns; ``rollout/signal_groups`` the fraction of the batch's groups whose rewards
+        differ (0: the batch has no learning signal for group baselines; with groups of one,
+        1 or 0 as the batch's rewards differ or not); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
         rates cover every episode finished since the previous batch.
         """
         counts = self.counts()

@@ -162,3 +162,17 @@ def test_everything_failing_raises_with_the_last_error():
             ex.prepare_batch(timeout=20)
         counts = ex.counts()
     assert counts["failed"] >= 10 and counts["accepted"] == 0
+
+
+def test_batches_report_the_share_of_groups_with_learning_signal():
+    c = RolloutConfig(batch_size=2, group_size=2, max_concurrent_rollouts=4, max_head_offpolicyness=0)
+    same = make_episode_fn(AddEnv, ChatAgent(max_turns=3), lambda rid: ScriptedLLM(answer))
+    with RolloutExecutor(c, episode_fn=same, rows=ROWS) as ex:  # every episode solves it: equal rewards
+        ex.prepare_batch(timeout=20)
+        assert ex.stats()["rollout/signal_groups"] == 0.0
+    mixed = make_episode_fn(AddEnv, ChatAgent(max_turns=3),  # the first episode of each group solves it
+                            lambda rid: ScriptedLLM(answer if rid.endswith("-0") else ["x", "x"]))
+    with RolloutExecutor(c, episode_fn=mixed, rows=ROWS) as ex:
+        batch = ex.prepare_batch(timeout=20)
+        assert sorted(t.reward for g in batch for t in g) == [0.0, 0.0, 1.0, 1.0]
+        assert ex.stats()["rollout/signal_groups"] == 1.0
