@@ -166,6 +166,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
+    from areal_agents._reward_worker import check_not_in_worker
+
+    check_not_in_worker()  # an unguarded script, imported by a reward worker for a reward defined in it
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse fills a "*" positional from one run of arguments only: key=value after

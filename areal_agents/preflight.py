@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from areal_agents._failures import blame, describe, failure_cause, function_location
+from areal_agents._reward_worker import check_not_in_worker
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
 from areal_agents.env import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
@@ -115,6 +116,7 @@ def preflight(cfg: ExperimentConfig) -> None:
     nothing in ``mode=train``, which plays no episodes, or for a config that passed already in
     this process (the command line checks before it loads the trainer, the trainer again).
     """
+    check_not_in_worker()
     if cfg.mode == "train" or any(cfg == done for done in _PASSED):
         return
     rows = load_dataset_rows(cfg, "train")

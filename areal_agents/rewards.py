@@ -15,17 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import multiprocessing
-import numbers
 import pickle
 import re
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from areal_agents._reward_worker import Worker, check_not_in_worker, main_script_file
 
 __all__ = [
     "RewardResult",
@@ -146,132 +144,32 @@ class RewardResult:
         return self.status == "ok"
 
 
-class _BadValue(Exception):
-    """A reward returned something that is not a finite number."""
-
-
-def _check_value(value: Any) -> float:
-    """``value`` as a finite float; numbers of any kind (numpy too) but not bools or strings."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _BadValue(f"returned {type(value).__name__} {value!r:.60}, not a number")
-    result = float(value)
-    if not math.isfinite(result):
-        raise _BadValue(f"returned {result}, not a finite number")
-    return result
-
-
-def _failure(fn: Any, exc: BaseException) -> str:
-    """What went wrong in ``fn`` (``returned str ..., not a number`` or ``raised Type: msg``)
-    and where: the innermost line of ``fn``'s file in the traceback, else where ``fn`` is defined."""
-    from areal_agents._failures import function_location
-
-    where = function_location(fn)
-    code = getattr(fn, "__code__", None)
-    if not isinstance(exc, _BadValue) and code is not None:
-        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename]
-        if lines:
-            where = f"{where.rsplit(':', 1)[0] if where else '?'}:{lines[-1]}"
-    what = str(exc) if isinstance(exc, _BadValue) else f"raised {type(exc).__name__}: {exc}".rstrip(": ")
-    return what + (f" ({where})" if where else "")
-
-
-def _limit_memory(memory_bytes: int | None) -> None:
-    """Cap this process's address space at ``memory_bytes`` (soft and hard limit; Linux/macOS)."""
-    if not memory_bytes:
-        return
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on POSIX
-        return
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _import_files(files: dict[str, str]) -> None:
-    """Import the user's ``.py`` files (``imports=``) a pickled reward may live in, once each."""
-    import sys
-
-    from areal_agents.config_loader import import_user_module
-
-    for name, path in files.items():
-        if name not in sys.modules:
-            import_user_module(path)
-
-
-def _worker_main(conn: Any, memory_bytes: int | None = None) -> None:
-    """Worker process loop: receive ``(fn, completion, row)``, send ``(ok, value_or_error)``."""
-    _limit_memory(memory_bytes)
-    while True:
-        try:
-            job = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not job:
-            return
-        fn = None
-        try:
-            files, payload = pickle.loads(job)
-            _import_files(files)
-            fn, completion, row = pickle.loads(payload)
-            reply: tuple[bool, Any] = (True, _check_value(fn(completion, **row)))
-        except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
-            reply = (False, _failure(fn, exc) if fn is not None else f"cannot load the reward: {type(exc).__name__}: {exc}")
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
-
-
-class _Worker:
-    def __init__(self, ctx: Any, memory_bytes: int | None = None) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, memory_bytes), daemon=True, name="reward-worker")
-        self.proc.start()
-        child.close()
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send_bytes(b"")
-        except (BrokenPipeError, OSError):
-            pass
-        self.proc.join(timeout=2)
-        if self.proc.exitcode is None:
-            self.proc.kill()
-            self.proc.join(timeout=5)
-        self.conn.close()
-
-
 class RewardRunner:
     """Evaluate reward functions in up to ``max_workers`` worker processes, ``timeout`` s each.
 
     Thread-safe: :meth:`compute` (also ``runner(...)``) blocks the calling thread, so it can
     be used from ``env.step`` running in a worker thread; :meth:`acompute` is the asyncio
-    form. Workers start on first use with the ``forkserver`` start method (never ``fork``
-    from a threaded process). Functions must be picklable (defined at module top level);
+    form. Workers start on first use, each a fresh interpreter with this process's ``sys.path``
+    that dies with this process (never a ``fork`` of a threaded process, and never a re-run of
+    the ``__main__`` script). Functions must be picklable (defined at module top level of a
+    module, a file loaded with ``imports=``, or the script);
     ``stats`` counts ``ok`` / ``reward_error`` / ``timeout`` outcomes. ``memory_mb`` caps each
     worker's address space (``RLIMIT_AS``; ``None`` for no cap): a reward that allocates past
     it fails with ``MemoryError`` (``reward_error``) and the worker keeps serving.
     """
 
-    def __init__(self, timeout: float = 10.0, max_workers: int = 2, start_method: str = "forkserver",
-                 memory_mb: int | None = 4096) -> None:
+    def __init__(self, timeout: float = 10.0, max_workers: int = 2, memory_mb: int | None = 4096) -> None:
         if timeout <= 0:
             raise ValueError(f"RewardRunner: timeout must be > 0 (got {timeout})")
         if max_workers < 1:
             raise ValueError(f"RewardRunner: max_workers must be >= 1 (got {max_workers})")
         if memory_mb is not None and memory_mb < 1:
             raise ValueError(f"RewardRunner: memory_mb must be >= 1 or None (got {memory_mb})")
+        check_not_in_worker()
         self.memory_mb = memory_mb
         self.timeout = float(timeout)
         self.max_workers = int(max_workers)
-        self._ctx = multiprocessing.get_context(start_method)
-        self._idle: list[_Worker] = []
+        self._idle: list[Worker] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.max_workers)
         self._closed = False
@@ -290,7 +188,8 @@ class RewardRunner:
             from areal_agents.config_loader import user_files
 
             resolved = resolve_reward(fn)
-            job = pickle.dumps((user_files(), pickle.dumps((resolved, completion, dict(row or {})))))
+            files = {**user_files(), **main_script_file(resolved)}
+            job = pickle.dumps((files, pickle.dumps((resolved, completion, dict(row or {})))))
         except Exception as exc:  # noqa: BLE001
             return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
         with self._slots:
@@ -298,10 +197,13 @@ class RewardRunner:
                 if self._closed:
                     raise RuntimeError("RewardRunner is closed")
                 worker = self._idle.pop() if self._idle else None
-            if worker is None or not worker.proc.is_alive():
+            if worker is None or not worker.alive():
                 if worker is not None:
                     worker.kill()
-                worker = _Worker(self._ctx, None if self.memory_mb is None else self.memory_mb * 2**20)
+                worker = Worker(None if self.memory_mb is None else self.memory_mb * 2**20)
+                if not worker.started():
+                    return self._count(RewardResult(0.0, "reward_error", f"{label}: a worker process did not start "
+                                                    f"(exit code {worker.exit_code()})", time.monotonic() - t0))
             try:
                 worker.conn.send_bytes(job)
                 if not worker.conn.poll(self.timeout):
@@ -314,8 +216,7 @@ class RewardRunner:
                         + (f" ({where})" if where else ""), time.monotonic() - t0))
                 ok, value = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError):
-                worker.proc.join(timeout=5)
-                code = worker.proc.exitcode
+                code = worker.exit_code()
                 worker.kill()
                 return self._count(RewardResult(
                     0.0, "reward_error", f"{label} ended its worker process (exit code {code})", time.monotonic() - t0))
