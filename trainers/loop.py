@@ -152,6 +152,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         summary = train_from_file(cfg, model_path, spec, logger)
         if logger is not None:
             logger.close()
+            display.summary(summary)
         return summary
 
     summary: dict[str, Any] = {"run_dir": str(run_dir)}
@@ -177,6 +178,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                                               progress=cfg.logging.progress), **executor.stats())
             if logger is not None:
                 logger.close()
+                display.summary(summary)
             return summary
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.

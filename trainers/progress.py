@@ -122,9 +122,28 @@ class RunDisplay:
             self._started = False
 
     def summary(self, summary: dict[str, Any]) -> None:
-        table = Table(title="areal-agents run", title_justify="left", show_header=False)
+        """The end-of-run table (for ``mode=train`` / ``mode=rollout``, what that mode produced)."""
+        table = Table(title=f"areal-agents run{'' if self.cfg.mode == 'full' else f' (mode={self.cfg.mode})'}",
+                      title_justify="left", show_header=False)
         table.add_column("", style="bold")
         table.add_column("")
+        run_dir = summary.get("run_dir", "-")
+        if self.cfg.mode == "train":
+            rows = [("trained from", str(self.cfg.train_data)), ("steps", str(summary.get("steps", "-"))),
+                    ("run dir", run_dir), ("metrics", f"{run_dir}/metrics.jsonl"),
+                    ("final model", summary.get("final_model", "-"))]
+        elif self.cfg.mode == "rollout":
+            failed = summary.get("rollout/failed")
+            rows = [("env", self.cfg.env.name), ("episodes written", str(summary.get("episodes", "-"))),
+                    ("failed episodes", _fmt(failed, ".0f")), ("seconds", _fmt(summary.get("seconds"), ".1f")),
+                    ("trajectories", summary.get("path", "-"))]
+        else:
+            rows = self._full_rows(summary)
+        for key, value in rows:
+            table.add_row(key, str(value))
+        self.console.print(table)
+
+    def _full_rows(self, summary: dict[str, Any]) -> list[tuple[str, Any]]:
         rows = [
             ("env / algorithm", f"{self.cfg.env.name} / {self.cfg.algorithm.name}"),
             ("steps (weight version)", f"{summary.get('steps', '-')} ({summary.get('version', '-')})"),
@@ -139,6 +158,4 @@ class RunDisplay:
         ]
         for path in summary.get("plots", []):
             rows.append(("plot", path))
-        for key, value in rows:
-            table.add_row(key, str(value))
-        self.console.print(table)
+        return rows
