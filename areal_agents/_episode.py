@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_agents._failures import blame, describe
 from areal_agents.types import Trajectory
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def classify_error(exc: BaseException) -> str:
 
     Timeouts give ``timeout``; connection problems and errors raised by the HTTP client
     libraries or the inference client give ``server_error``; anything else is the env's
-    (or agent's) fault: ``env_error``.
+    fault, ``env_error`` (:func:`make_episode_fn` tells the env's and the agent's apart).
     """
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return "timeout"
@@ -72,8 +73,8 @@ def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount
             if turn_discount is not None and traj.turn_rewards:
                 traj.set_rewards(traj.turn_rewards, turn_discount)
             traj.validate()
-        except ValueError as exc:
-            traj.status, traj.info["error"] = "env_error", f"invalid trajectory: {exc}"
+        except ValueError as exc:  # the agent builds the trajectory
+            traj.status, traj.info["error"] = "agent_error", f"invalid trajectory: {exc}"
     return traj
 
 
@@ -87,21 +88,28 @@ def make_episode_fn(
     """``episode_fn(row, seed, episode_id)``: a fresh env, ``agent.run(env, llm)``, env closed.
 
     ``agent.run(env, llm, row, seed=seed)`` resets the env with ``options=row`` and
-    ``seed`` and plays it; ``llm = llm_factory(episode_id)``. Exceptions never escape: they become a :class:`Trajectory` with status
-    ``env_error``, ``server_error`` or ``timeout`` (after ``episode_timeout`` seconds) and
-    the error text in ``info["error"]``. Cancellation propagates, after closing the env.
+    ``seed`` and plays it; ``llm = llm_factory(episode_id)``. Exceptions never escape: they
+    become a :class:`Trajectory` with status ``env_error`` or ``agent_error`` (whose code
+    raised, with its file and line), ``server_error`` or ``timeout`` (after ``episode_timeout``
+    seconds) and the error text in ``info["error"]``. Cancellation propagates, after closing the env.
     """
     async def play(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
         env = env_factory()
         try:
             llm = llm_factory(episode_id)
-            traj = await agent.run(env, llm, row, seed=seed)
+            try:
+                traj = await agent.run(env, llm, row, seed=seed)
+            except Exception as exc:
+                status = classify_error(exc)
+                if status != "env_error":
+                    return _failed(status, exc)
+                return _failed(blame(exc, env, agent), describe(exc))
         finally:
             close = getattr(env, "close", None)
             if close is not None:
                 close()
         if not isinstance(traj, Trajectory):
-            raise TypeError(f"{type(agent).__name__}.run returned {type(traj).__name__}, not Trajectory")
+            return _failed("agent_error", f"{type(agent).__name__}.run returned {type(traj).__name__}, not Trajectory")
         return traj
 
     async def episode_fn(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:

@@ -150,7 +150,7 @@ class Ledger:
         self.failed_by_status: Counter[str] = Counter()
         self.dropped_groups: Counter[str] = Counter()
         self.failed_streak = 0  # consecutive groups in which every episode failed
-        self.last_error = ""
+        self.last_failed: Trajectory | None = None  # the last failed episode of such a group
 
     def fail_unlaunched(self, size: int) -> None:
         """A group cancelled before it started: its episodes end ``aborted``."""
@@ -168,7 +168,7 @@ class Ledger:
         if drop_reason != "stale":  # cancelled stale groups say nothing about the env or servers
             if members and n_failed == len(members):
                 self.failed_streak += 1
-                self.last_error = f"{members[-1].status}: {members[-1].info.get('error', '')}".rstrip(": ")
+                self.last_failed = members[-1]
             else:
                 self.failed_streak = 0
         if drop_reason:

@@ -53,8 +53,9 @@ class Agent(ABC):
 @dataclass
 class EnvStep:
     """One ``env.astep`` as an agent needs it: its five values, or ``error`` (reward 0) when
-    the env raised, returned the wrong shape or a non-finite reward. ``reward_status`` is the
-    env's report of a failed reward (``reward_error`` / ``timeout``), if any."""
+    the env raised, returned the wrong shape, a non-finite reward or (mid-episode) an
+    observation that is not text. ``reward_status`` is the env's report of a failed reward
+    (``reward_error`` / ``timeout``), if any."""
 
     obs: Any = ""
     reward: float = 0.0
@@ -95,6 +96,9 @@ async def checked_step(env: Env, action: str) -> EnvStep:
             raise ValueError(f"env returned a non-finite reward {reward}")
         if not isinstance(info, dict):
             raise TypeError(f"env returned info of type {type(info).__name__}, not dict")
+        going_on = not (terminated or truncated)
+        if going_on and not (isinstance(obs, str) or isinstance(obs, list) and all(isinstance(m, dict) for m in obs)):
+            raise TypeError(f"env returned an observation of type {type(obs).__name__}, not str or chat messages")
     except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
         return EnvStep(error=f"step: {type(exc).__name__}: {exc}")
     return EnvStep(obs, reward, bool(terminated), bool(truncated), info)

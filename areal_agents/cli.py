@@ -31,7 +31,8 @@ COMMANDS = {
 # Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
 # a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
 _USER_ERRORS = (
-    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError",
+    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError", "areal_agents._failures:EpisodesFailed",
+    "areal_agents.preflight:PreflightError",
     "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
     "areal_agents.inference.launcher:LaunchError",
 )
@@ -51,7 +52,8 @@ def _is_user_error(exc: BaseException) -> bool:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     more = f" (+{len(lines) - 1} lines: AREAL_AGENTS_TRACEBACK=1 shows them)" if len(lines) > 1 else ""
-    return f"{type(exc).__name__}: {lines[0]}{more}"
+    kind = "" if getattr(exc, "names_its_cause", False) else f"{type(exc).__name__}: "  # the message says it all
+    return f"{kind}{lines[0]}{more}"
 
 
 def check_model_dir(path: str | None, key: str) -> None:
@@ -177,6 +179,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
+    from areal_agents._reward_worker import check_not_in_worker
+
+    check_not_in_worker()  # an unguarded script, imported by a reward worker for a reward defined in it
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse fills a "*" positional from one run of arguments only: key=value after
@@ -193,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("run", "sft", "eval"):
             args.cfg = load_args_config(args)  # validate before importing anything heavy
             check_model_dir(args.cfg.actor.path, "actor.path")
+        if args.command == "run" and "WORLD_SIZE" not in os.environ:  # user code, before torch loads
+            from areal_agents.preflight import preflight
+
+            preflight(args.cfg)
         if args.command in ("eval", "serve"):
             check_model_dir(args.model, "--model")
         spec = COMMANDS[args.command]

@@ -217,9 +217,12 @@ class RolloutConfig:
     reward_workers: int | None = f(None, "Reward worker processes (calls run at once); None = one per CPU core, at most 8.")
     output_path: str | None = f(None, "mode=rollout: JSONL file to write (default: run dir).")
     num_episodes: int = f(256, "mode=rollout: number of episodes to write.")
+    no_signal_warn_steps: int = f(5, "Warn once when every group's rewards are equal for this many steps in a "
+                                     "row (no learning signal); 0 disables.")
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size", f"must be >= 1 (got {self.batch_size})")
+        _check(self.no_signal_warn_steps >= 0, "no_signal_warn_steps", f"must be >= 0 (got {self.no_signal_warn_steps})")
         _check(self.group_size >= 1, "group_size", f"must be >= 1 (got {self.group_size})")
         _check(
             self.max_concurrent_rollouts >= 1,

@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from areal_agents.config import ConfigError, ExperimentConfig
 
 __all__ = ["config_fields", "config_reference", "explain_config", "import_user_module", "load_config",
-           "parse_allocation_mode", "to_yaml"]
+           "parse_allocation_mode", "to_yaml", "user_files"]
 
 T = TypeVar("T")
 
@@ -137,42 +137,67 @@ def _last_given(layers: list[DictConfig], key: str) -> Any:
     return value
 
 
+def _import_entries(layer: DictConfig) -> list[str]:
+    """The ``imports`` of one layer as a list: a list as given, or a bare entry (``imports=my_env.py``,
+    ``imports=a.py,b.py``), which is also written back into the layer as a list for the schema."""
+    entries = _select(layer, "imports")
+    if entries is None:
+        return []
+    if isinstance(entries, str):
+        names = [e.strip() for e in entries.split(",") if e.strip()]
+        layer.imports = names
+        return names
+    if not isinstance(entries, ListConfig):
+        raise ConfigError("imports", "must be a module name, a .py file or a list of them, "
+                                     f"e.g. imports=my_env.py or imports=[a.py,b.py] (got {entries!r})")
+    return [str(e) for e in entries]
+
+
 def _import_user_modules(layers: list[DictConfig]) -> None:
     """Import the ``imports`` entries (module names or ``.py`` paths) of every layer."""
     for layer in layers:
-        entries = _select(layer, "imports")
-        if entries is None:
-            continue
-        if isinstance(entries, str):
-            entries = [entries]
-        if not isinstance(entries, ListConfig):
-            raise ConfigError("imports", f"must be a list of module names or .py files (got {entries!r})")
-        for entry in entries:
+        for entry in _import_entries(layer):
+            if _is_path(entry) and not os.path.isfile(entry):
+                raise ConfigError("imports", f"no such file: {entry} (relative paths start from {os.getcwd()})")
             try:
-                import_user_module(str(entry))
+                import_user_module(entry)
             except Exception as exc:  # noqa: BLE001 - whatever the user's module raises, one line
                 raise ConfigError("imports", f"cannot import {entry!r}: {type(exc).__name__}: {exc}") from None
 
 
+# .py files imported by path, by module name: worker processes (rewards) import them again.
+_USER_FILES: dict[str, str] = {}
+
+
+def _is_path(entry: str) -> bool:
+    return entry.endswith(".py") or os.sep in entry
+
+
+def user_files() -> dict[str, str]:
+    """``{module name: absolute path}`` of the ``.py`` files imported by :func:`import_user_module`."""
+    return dict(_USER_FILES)
+
+
 def import_user_module(entry: str) -> Any:
     """Import a module by dotted name, or a Python file by path (registered as its stem)."""
-    if entry.endswith(".py") or os.sep in entry:
-        path = os.path.abspath(entry)
-        name = os.path.splitext(os.path.basename(path))[0]
-        if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
-            return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"no Python file at {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        return module
-    return importlib.import_module(entry)
+    if not _is_path(entry):
+        return importlib.import_module(entry)
+    path = os.path.abspath(entry)
+    name = os.path.splitext(os.path.basename(path))[0]
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no Python file at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    _USER_FILES[name] = path
+    return module
 
 
 def _check_names(cfg: ExperimentConfig) -> None:

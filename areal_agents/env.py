@@ -302,11 +302,11 @@ def _check_step(env: Env, out: Any, where: str, unreported: list[str]) -> tuple[
 
 
 def _play(env: Env, reset: Callable[..., Any], step: Callable[[str], Any], prefix: str, seed: int,
-          actions: Sequence[str], steps: int, unreported: list[str]) -> list[Any]:
+          options: dict[str, Any] | None, actions: Sequence[str], steps: int, unreported: list[str]) -> list[Any]:
     """One checked episode with ``reset``/``step`` (the env's sync methods or its async ones run
-    to completion): the observation after reset, then ``(obs, reward, terminated, truncated)``
-    per step, stopping when the episode ends or after ``steps`` steps."""
-    trace: list[Any] = [_check_reset(env, reset(seed=seed), f"{prefix}reset(seed={seed})")]
+    to completion), reset with ``options``: the observation after reset, then ``(obs, reward,
+    terminated, truncated)`` per step, stopping when the episode ends or after ``steps`` steps."""
+    trace: list[Any] = [_check_reset(env, reset(seed=seed, options=options), f"{prefix}reset(seed={seed})")]
     for i in range(steps):
         action = actions[i % len(actions)]
         outcome = _check_step(env, step(action), f"{prefix}step({action!r}) #{i}", unreported)
@@ -330,7 +330,8 @@ def _difference(a: list[Any], b: list[Any]) -> str | None:
     return f"{'reset' if diff == 0 else f'step #{diff - 1}'} differs ({a[diff]!r:.80} vs {b[diff]!r:.80})"
 
 
-def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str] | None = None) -> None:
+def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str] | None = None,
+              options: dict[str, Any] | None = None) -> None:
     """Validate a text env the way Gymnasium's checker does: raise :class:`EnvCheckError` for a
     contract violation, warn (:class:`EnvCheckWarning`) where a convention is left to a fallback.
 
@@ -342,7 +343,8 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
     neither ``str`` nor ``None``. An env that implements only ``areset``/``astep`` (natively
     async) is checked through them. Warning: the last step has no ``info["success"]`` (then
     ``success = reward > 0`` in evaluation). ``actions`` are played in turn (default: a few
-    generic probe replies) for at most ``steps`` steps.
+    generic probe replies) for at most ``steps`` steps; ``options`` (a dataset row) is passed
+    to every ``reset``/``areset`` (default ``None``: the env draws a row).
     """
     if not isinstance(env, Env):
         _fail(env, "the env must subclass areal_agents.Env (observations and actions are text)")
@@ -358,12 +360,12 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
         areset = lambda **kw: loop.run(env.areset(**kw))  # noqa: E731
         astep = lambda action: loop.run(env.astep(action))  # noqa: E731
         if _overrides(env, "step"):
-            first = _play(env, env.reset, env.step, "", seed, probes, steps, unreported)
-            second = _play(env, env.reset, env.step, "", seed, probes, steps, unreported)
-            async_trace = _play(env, areset, astep, "a", seed, probes, len(first) - 1, unreported)
+            first = _play(env, env.reset, env.step, "", seed, options, probes, steps, unreported)
+            second = _play(env, env.reset, env.step, "", seed, options, probes, steps, unreported)
+            async_trace = _play(env, areset, astep, "a", seed, options, probes, len(first) - 1, unreported)
         else:  # natively async: areset/astep are the env
-            first = _play(env, areset, astep, "a", seed, probes, steps, unreported)
-            second = async_trace = _play(env, areset, astep, "a", seed, probes, steps, unreported)
+            first = _play(env, areset, astep, "a", seed, options, probes, steps, unreported)
+            second = async_trace = _play(env, areset, astep, "a", seed, options, probes, steps, unreported)
     finally:
         loop.stop()
     if (diff := _difference(first, second)) is not None:

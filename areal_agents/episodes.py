@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from areal_agents._failures import EpisodesFailed, failure_message
 from areal_agents.config import ExperimentConfig
 from areal_agents.registry import agents, envs
 from areal_agents.types import Trajectory
@@ -80,7 +81,8 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
                    progress: Any = None) -> dict[str, Any]:
     """Greedy accuracy (and pass@k when ``k > 1``) over ``rows``.
 
-    An episode counts as solved as :func:`episode_solved` says.
+    An episode counts as solved as :func:`episode_solved` says. When every greedy episode
+    failed, raises :class:`~areal_agents.rollout.EpisodesFailed` with the cause.
     """
     greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True))
     sem = asyncio.Semaphore(concurrency)
@@ -94,6 +96,10 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
         return traj
 
     greedy = await asyncio.gather(*(one(greedy_fn, row, i) for i, row in enumerate(rows)))
+    if greedy and all(t.status != "ok" for t in greedy):  # nothing was measured: say why, do not go on
+        if progress is not None:
+            progress.remove_task(task_id)
+        raise EpisodesFailed(failure_message(f"eval: all {len(greedy)} episodes failed", greedy[-1]))
     report: dict[str, Any] = {
         "eval/accuracy": sum(map(episode_solved, greedy)) / max(1, len(rows)),
         "eval/reward": sum(t.reward for t in greedy) / max(1, len(rows)),

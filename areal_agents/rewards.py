@@ -15,9 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import multiprocessing
-import numbers
 import os
 import pickle
 import re
@@ -26,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from areal_agents._reward_worker import Worker, check_not_in_worker, main_script_file
 
 __all__ = [
     "RewardResult",
@@ -153,74 +152,6 @@ class RewardResult:
         return self.status == "ok"
 
 
-def _check_value(value: Any) -> float:
-    """``value`` as a finite float; numbers of any kind (numpy too) but not bools or strings."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"reward returned {type(value).__name__} {value!r:.60}, not a number")
-    result = float(value)
-    if not math.isfinite(result):
-        raise ValueError(f"reward returned {result}, not a finite number")
-    return result
-
-
-def _limit_memory(memory_bytes: int | None) -> None:
-    """Cap this process's address space at ``memory_bytes`` (soft and hard limit; Linux/macOS)."""
-    if not memory_bytes:
-        return
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on POSIX
-        return
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _worker_main(conn: Any, memory_bytes: int | None = None) -> None:
-    """Worker process loop: receive ``(fn, completion, row)``, send ``(ok, value_or_error)``."""
-    _limit_memory(memory_bytes)
-    while True:
-        try:
-            job = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not job:
-            return
-        try:
-            fn, completion, row = pickle.loads(job)
-            reply: tuple[bool, Any] = (True, _check_value(fn(completion, **row)))
-        except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
-            reply = (False, f"{type(exc).__name__}: {exc}")
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
-
-
-class _Worker:
-    def __init__(self, ctx: Any, memory_bytes: int | None = None) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, memory_bytes), daemon=True, name="reward-worker")
-        self.proc.start()
-        child.close()
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send_bytes(b"")
-        except (BrokenPipeError, OSError):
-            pass
-        self.proc.join(timeout=2)
-        if self.proc.exitcode is None:
-            self.proc.kill()
-            self.proc.join(timeout=5)
-        self.conn.close()
-
-
 def default_reward_workers() -> int:
     """Reward worker processes when none are configured: one per CPU this process may use, at
     most 8 (rewards are short CPU-bound calls; more workers than cores only add memory)."""
@@ -237,15 +168,16 @@ class RewardRunner:
 
     Thread-safe: :meth:`compute` (also ``runner(...)``) blocks the calling thread, so it can
     be used from ``env.step`` running in a worker thread; :meth:`acompute` is the asyncio
-    form. Workers start on first use with the ``forkserver`` start method (never ``fork``
-    from a threaded process). Functions must be picklable (defined at module top level);
+    form. Workers start on first use, each a fresh interpreter with this process's ``sys.path``
+    that dies with this process (never a ``fork`` of a threaded process, and never a re-run of
+    the ``__main__`` script). Functions must be picklable (defined at module top level of a
+    module, a file loaded with ``imports=``, or the script);
     ``stats`` counts ``ok`` / ``reward_error`` / ``timeout`` outcomes. ``memory_mb`` caps each
     worker's address space (``RLIMIT_AS``; ``None`` for no cap): a reward that allocates past
     it fails with ``MemoryError`` (``reward_error``) and the worker keeps serving.
     """
 
-    def __init__(self, timeout: float = 10.0, max_workers: int | None = None, start_method: str = "forkserver",
-                 memory_mb: int | None = 4096) -> None:
+    def __init__(self, timeout: float = 10.0, max_workers: int | None = None, memory_mb: int | None = 4096) -> None:
         if max_workers is None:
             max_workers = default_reward_workers()
         if timeout <= 0:
@@ -254,11 +186,11 @@ class RewardRunner:
             raise ValueError(f"RewardRunner: max_workers must be >= 1 (got {max_workers})")
         if memory_mb is not None and memory_mb < 1:
             raise ValueError(f"RewardRunner: memory_mb must be >= 1 or None (got {memory_mb})")
+        check_not_in_worker()
         self.memory_mb = memory_mb
         self.timeout = float(timeout)
         self.max_workers = int(max_workers)
-        self._ctx = multiprocessing.get_context(start_method)
-        self._idle: list[_Worker] = []
+        self._idle: list[Worker] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.max_workers)
         self._closed = False
@@ -277,35 +209,43 @@ class RewardRunner:
     def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
         """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
         t0 = time.monotonic()
+        label = f"reward {fn if isinstance(fn, str) else getattr(fn, '__name__', 'function')!r}"
         try:
-            job = pickle.dumps((resolve_reward(fn), completion, dict(row or {})))
+            from areal_agents.config_loader import user_files
+
+            resolved = resolve_reward(fn)
+            files = {**user_files(), **main_script_file(resolved)}
+            job = pickle.dumps((files, pickle.dumps((resolved, completion, dict(row or {})))))
         except Exception as exc:  # noqa: BLE001
-            return self._count(RewardResult(0.0, "reward_error", f"cannot send reward call to a worker: {exc}"))
+            return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
         with self._slots:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("RewardRunner is closed")
                 worker = self._idle.pop() if self._idle else None
-            if worker is None or not worker.proc.is_alive():
+            if worker is None or not worker.alive():
                 if worker is not None:
                     worker.kill()
-                worker = _Worker(self._ctx, None if self.memory_mb is None else self.memory_mb * 2**20)
+                worker = Worker(None if self.memory_mb is None else self.memory_mb * 2**20)
+                if not worker.started():
+                    return self._count(RewardResult(0.0, "reward_error", f"{label}: a worker process did not start "
+                                                    f"(exit code {worker.exit_code()})", time.monotonic() - t0))
             try:
                 worker.conn.send_bytes(job)
                 if not worker.conn.poll(self.timeout):
                     worker.kill()
-                    return self._count(
-                        RewardResult(0.0, "timeout", f"reward did not return within {self.timeout:g} s",
-                                     time.monotonic() - t0)
-                    )
+                    from areal_agents._failures import function_location
+
+                    where = function_location(resolved)
+                    return self._count(RewardResult(
+                        0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
+                        + (f" ({where})" if where else ""), time.monotonic() - t0))
                 ok, value = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError):
-                worker.proc.join(timeout=5)
-                code = worker.proc.exitcode
+                code = worker.exit_code()
                 worker.kill()
-                return self._count(
-                    RewardResult(0.0, "reward_error", f"reward worker died (exit code {code})", time.monotonic() - t0)
-                )
+                return self._count(RewardResult(
+                    0.0, "reward_error", f"{label} ended its worker process (exit code {code})", time.monotonic() - t0))
             with self._lock:
                 if self._closed:
                     worker.stop()
@@ -314,7 +254,7 @@ class RewardRunner:
         dt = time.monotonic() - t0
         if ok:
             return self._count(RewardResult(float(value), "ok", "", dt))
-        return self._count(RewardResult(0.0, "reward_error", str(value), dt))
+        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
 
     __call__ = compute
 

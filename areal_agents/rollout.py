@@ -44,13 +44,22 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from areal_agents._episode import EpisodeFn, make_episode_fn, write_rollouts
-from areal_agents._groups import Group, GroupFilter, Ledger, RowFeeder, batch_metrics, make_group_filter
+from areal_agents._failures import EpisodesFailed, failure_message
+from areal_agents._groups import (
+    Group,
+    GroupFilter,
+    Ledger,
+    RowFeeder,
+    batch_metrics,
+    make_group_filter,
+    nonzero_std,
+)
 from areal_agents._loop_thread import LoopThread
 from areal_agents._scheduling import SchedulerMixin
 from areal_agents.config import RolloutConfig
 from areal_agents.types import Trajectory
 
-__all__ = ["EpisodeFn", "RolloutExecutor", "make_episode_fn", "write_rollouts"]
+__all__ = ["EpisodeFn", "EpisodesFailed", "RolloutExecutor", "make_episode_fn", "write_rollouts"]
 
 
 class RolloutExecutor(SchedulerMixin):
@@ -64,7 +73,8 @@ class RolloutExecutor(SchedulerMixin):
     session that lives on that loop). ``bounded_staleness=False`` limits launches by
     ``max_concurrent_rollouts`` only (rollout-only mode and evaluation). When every episode of
     ``max_failed_streak`` groups in a row failed (servers down, a broken env), waiting raises
-    with the last error instead of spinning forever (0 disables).
+    :class:`EpisodesFailed` naming the failed component and its last error instead of spinning
+    forever (0 disables).
     """
 
     def __init__(
@@ -250,10 +260,10 @@ class RolloutExecutor(SchedulerMixin):
                     groups = [heapq.heappop(self._ready)[2] for _ in range(count)]
                     self._consumed_groups += count
                     return [g.members() for g in groups]
-                streak = self._ledger.failed_streak
-                if self._max_failed_streak and streak >= self._max_failed_streak:
-                    raise RuntimeError(f"rollout: every episode of the last {streak} groups failed "
-                                       f"(last: {self._ledger.last_error[:300]}); check the env and the servers")
+                streak, last = self._ledger.failed_streak, self._ledger.last_failed
+                if self._max_failed_streak and streak >= self._max_failed_streak and last is not None:
+                    raise EpisodesFailed(failure_message(f"rollout: every episode of the last {streak} groups "
+                                                         "failed", last))
                 if not self._active:  # nothing running: would anything ever start?
                     if not (self._pending or len(self._feeder)):
                         raise RuntimeError(f"rollout executor has no rows left: {len(self._ready)} of {count} "
@@ -278,6 +288,9 @@ class RolloutExecutor(SchedulerMixin):
 
     def _record_batch(self, groups: list[list[Trajectory]]) -> None:
         metrics = batch_metrics([t for g in groups for t in g], self.get_version())
+        sized = [g for g in groups if len(g) > 1]  # groups of one: is there any spread in the batch?
+        metrics["rollout/signal_groups"] = (sum(map(nonzero_std, sized)) / len(sized) if sized
+                                            else float(metrics["rollout/reward_std"] > 0))
         now = time.monotonic()
         with self._cond:
             t0, f0, g0 = self._rate_mark
@@ -302,7 +315,9 @@ class RolloutExecutor(SchedulerMixin):
 
         ``rollout/episode_len`` is the mean trajectory length in tokens (prompt, generated and
         env tokens), ``rollout/tokens`` the mean generated tokens, ``rollout/turns`` the mean
-        LLM turns; ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
+        LLM turns; ``rollout/signal_groups`` the fraction of the batch's groups whose rewards
+        differ (0: the batch has no learning signal for group baselines; with groups of one,
+        1 or 0 as the batch's rewards differ or not); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
         rates cover every episode finished since the previous batch.
         """
         counts = self.counts()

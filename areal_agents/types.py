@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["STATUSES", "Trajectory", "discounted_returns"]
 
-STATUSES = ("ok", "env_error", "reward_error", "timeout", "aborted", "server_error")
+STATUSES = ("ok", "env_error", "agent_error", "reward_error", "timeout", "aborted", "server_error")
 
 
 def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> tuple[float, list[float]]:

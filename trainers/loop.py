@@ -30,6 +30,7 @@ from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.episodes import build_episode_fn, evaluate, sampling_params
 from areal_agents.inference.client import InferenceClient
+from areal_agents.preflight import preflight
 from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor, write_rollouts
@@ -121,6 +122,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train (or, with ``mode``, only roll out / only train) and return the summary."""
     rank, _ = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
     main = rank == 0
+    if main:  # the user's env, reward and agent on one row, in seconds, before any model or server
+        preflight(cfg)
     run_dir = Path(cfg.run_dir)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +150,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         summary = train_from_file(cfg, model_path, spec, logger)
         if logger is not None:
             logger.close()
+            display.summary(summary)
         return summary
 
     summary: dict[str, Any] = {"run_dir": str(run_dir)}
@@ -172,6 +176,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                                               progress=cfg.logging.progress), **executor.stats())
             if logger is not None:
                 logger.close()
+                display.summary(summary)
             return summary
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.

@@ -283,5 +283,8 @@ def cli_sft(args: argparse.Namespace) -> int:
     report = path / "sft_report.json"
     if report.is_file():
         console.print(json.loads(report.read_text()))
-    console.print(f"[bold green]model:[/] {path}")
+    where = "" if cfg.actor.path or cfg.sft.output_dir else (
+        " (in the model cache, $AREAL_AGENTS_CACHE; sft.output_dir=DIR writes elsewhere; train it with RL: "
+        "areal-agents run actor.path=<this dir>)")
+    console.print(f"[bold green]model written to:[/] {path}{where}", soft_wrap=True)
     return 0

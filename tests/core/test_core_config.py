@@ -331,3 +331,47 @@ def test_imports_register_user_code_before_validation(tmp_path):
         load_config(overrides=[f"imports=[{user}]", "env.name=math-copy-for-test"])
     finally:
         envs.remove("math-copy-for-test")
+
+
+def _user_env_file(path, name):
+    path.write_text(
+        "from areal_agents import register_env\n"
+        "from envs.math import MathEnv\n"
+        f"@register_env({name!r})\n"
+        "class Copy(MathEnv):\n"
+        "    pass\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("form", ["bare", "list", "comma", "yaml-bare"])
+def test_imports_takes_a_bare_path_or_a_list(tmp_path, form):
+    from areal_agents.registry import envs
+
+    a = _user_env_file(tmp_path / f"imp_a_{form.replace('-', '_')}.py", f"imp-a-{form}")
+    b = _user_env_file(tmp_path / f"imp_b_{form.replace('-', '_')}.py", f"imp-b-{form}")
+    overrides = {"bare": [f"imports={a}"], "list": [f"imports=[{a},{b}]"], "comma": [f"imports={a},{b}"],
+                 "yaml-bare": []}[form]
+    config_file = None
+    if form == "yaml-bare":
+        config_file = tmp_path / "exp.yaml"
+        config_file.write_text(f"imports: {a}\n")
+    try:
+        cfg = load_config(config_file, [*overrides, f"env.name=imp-a-{form}"])
+        expected = [str(a)] if form in ("bare", "yaml-bare") else [str(a), str(b)]
+        assert cfg.imports == expected
+        assert envs.get(f"imp-a-{form}").__name__ == "Copy"
+        assert (f"imp-b-{form}" in envs) == (len(expected) == 2)
+    finally:
+        for name in (f"imp-a-{form}", f"imp-b-{form}"):
+            if name in envs:
+                envs.remove(name)
+
+
+def test_imports_errors_are_one_clear_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"imports={tmp_path / 'missing_env.py'}"])
+    assert err.value.key == "imports" and "no such file" in str(err.value) and "missing_env.py" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["imports=3"])
+    assert err.value.key == "imports" and "imports=my_env.py" in str(err.value) and "must be a list" not in str(err.value)

@@ -102,6 +102,7 @@ def test_run_then_train_only(tmp_path: Path) -> None:
     proc = _cli(["run", "--env", "math", *common, "mode=train", f"train_data={jsonl}", "trainer.total_steps=2",
                  "experiment_name=e2e-train"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(mode=train)" in proc.stdout and "trained from" in proc.stdout and "final model" in proc.stdout
     rows = [json.loads(line) for line in (tmp_path / "runs" / "e2e-train" / "trial" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["train/loss"]) for r in rows)
     assert all(r["train/n_seqs"] == 8 for r in rows)  # batch_size x group_size episodes of the file per step

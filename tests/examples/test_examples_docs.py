@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from examples_support import ROOT, TINY, package_env, run_command, train_steps
+
+from areal_agents.config_loader import load_config
 
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("README.md"))]
@@ -52,3 +57,33 @@ def test_quickstart_custom_env_trains_as_written(tmp_path: Path) -> None:
     steps = train_steps(tmp_path / "runs" / "reverse" / "trial")
     assert [r["step"] for r in steps] == [1, 2]
     assert "reverse " in (tmp_path / "runs" / "reverse" / "trial" / "samples.jsonl").read_text()
+
+
+def _block(doc: str, pattern: str) -> str:
+    text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
+    match = re.search(pattern, text, re.DOTALL)
+    assert match is not None, pattern
+    return match.group(1)
+
+
+@pytest.mark.slow
+def test_customize_train_script_with_its_agent_trains_as_written(tmp_path: Path) -> None:
+    (tmp_path / "my_module.py").write_text(_block("customize.md", r"## Agent\n\n```python\n(.*?)```"))
+    (tmp_path / "train.py").write_text(_block("customize.md", r"```python\n(# train\.py\n.*?)```"))
+    run_command([sys.executable, str(tmp_path / "train.py"), "--env", "math", "agent.name=my-agent", *TINY,
+                 f"output_dir={tmp_path / 'runs'}"], tmp_path)
+    steps = train_steps(tmp_path / "runs" / "math" / "trial")
+    assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
+
+
+def test_quickstart_config_file_is_shown_and_loads(tmp_path: Path) -> None:
+    yaml_text = _block("quickstart.md", r"```yaml\n(# my\.yaml\n.*?)```")
+    (tmp_path / "my.yaml").write_text(yaml_text)
+    commands = _block("quickstart.md", r"## 3\. Configure.*?```bash\n(.*?)```")
+    for line in commands.splitlines():
+        args = shlex.split(line.split("#", 1)[0])
+        assert args[:1] == ["areal-agents"] and "--config" in args, line
+        args = [a for a in args[1:] if a not in ("run", "config", "check")]
+        i = args.index("--config")
+        cfg = load_config(tmp_path / args[i + 1], [a for j, a in enumerate(args) if j not in (i, i + 1)])
+        assert cfg.env.name == "math" and cfg.trainer.total_steps == 50

@@ -92,3 +92,27 @@ def test_ensure_builds_once_into_cache(tmp_path: Path, monkeypatch: pytest.Monke
     assert third != first and calls == [1, 1]
     with pytest.raises(TypeError, match="hiden_size"):
         tiny_model_dir("unit", hiden_size=3)
+
+
+def test_readme_figures_of_the_default_model_are_the_code_s(tmp_path: Path) -> None:
+    """The README's tokenizer size and parameter count are those of the model `run --env math` builds."""
+    import dataclasses
+    import re
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from areal_agents.config_loader import load_config
+    from areal_agents.data import load_dataset_rows
+    from areal_agents.env import make_env
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    stated = re.search(r"tiny model \(([\d,]+) parameters, (\d+)-token byte-level BPE\)", readme)
+    assert stated is not None
+    cfg = load_config(overrides=["env.name=math"])  # the texts the warm start builds the base model from
+    data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, cfg.sft.warm_start_steps * cfg.sft.batch_size))
+    rows = load_dataset_rows(dataclasses.replace(cfg, data=data), "train")[:5000]
+    env = make_env("math")
+    path = build_tiny_model([f"{r['prompt']} {env.reference_completion(r) or ''}" for r in rows], tmp_path / "math")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert len(AutoTokenizer.from_pretrained(path)) == model.config.vocab_size == int(stated.group(2))
+    assert sum(p.numel() for p in model.parameters()) == int(stated.group(1).replace(",", ""))

@@ -24,11 +24,23 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.inference.control import wait_healthy
 from areal_agents.inference.launcher import ServerGroup, embedded_command, launch_servers
 
-__all__ = ["REPO", "RESULTS", "corpus", "find_marker_processes", "make_model", "record", "restart_server",
+__all__ = ["REPO", "RESULTS", "alive", "corpus", "find_marker_processes", "make_model", "record", "restart_server",
            "rss_mb", "start_servers"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "reliability.json"
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The processes of ``pids`` that still run (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def record(fault: str, **figures: Any) -> None:

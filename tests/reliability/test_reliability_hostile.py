@@ -169,7 +169,7 @@ def test_reward_worker_memory_limit_is_configurable() -> None:
         took = time.monotonic() - t0
         after = runner(hostile_reward, "42", {"answer": "42"})
     assert small.ok and small.value == 1.0
-    assert big.status == "reward_error" and big.error.startswith("MemoryError") and took < 10
+    assert big.status == "reward_error" and "raised MemoryError" in big.error and took < 10
     assert after.ok and after.value == 1.0  # the same worker keeps serving
     assert RewardRunner().memory_mb == 4096
     for bad in (0, -5):

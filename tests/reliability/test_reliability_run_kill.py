@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from reliability_support import REPO, record
+from reliability_support import REPO, alive, record
 
 from trainers.checkpoint import find_latest
 
@@ -24,17 +24,6 @@ SETTINGS = [
     "trainer.recover=auto", "rollout.batch_size=2", "rollout.group_size=2", "eval.n=4", "eval.every=0",
     "logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
 ]  # fmt: skip
-
-
-def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.mark.slow

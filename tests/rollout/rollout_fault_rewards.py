@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["addition_reward"]
+__all__ = ["addition_reward", "string_reward"]
 
 
 def addition_reward(completion: str, answer: str = "", hang: bool = False, **row: Any) -> float:
@@ -13,3 +13,8 @@ def addition_reward(completion: str, answer: str = "", hang: bool = False, **row
     if hang:
         time.sleep(3600)
     return float(completion.strip() == answer)
+
+
+def string_reward(completion: str, **row: Any) -> Any:
+    """A user mistake: the reward is a string (fault injection)."""
+    return "0.0"

@@ -22,6 +22,7 @@ def test_cli_rollout_mode_writes_jsonl(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     trajs = [Trajectory.from_json(line) for line in out.read_text().splitlines()]
     assert len(trajs) == 8  # 7 episodes rounded up to whole groups of 2
+    assert "(mode=rollout)" in proc.stdout and "episodes written" in proc.stdout
     assert len({t.group_id for t in trajs}) == 4
     for t in trajs:
         t.validate()

@@ -12,7 +12,7 @@ from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
 from areal_agents.env import Env
 from areal_agents.inference.client import InferenceError
-from areal_agents.rollout import RolloutExecutor, make_episode_fn
+from areal_agents.rollout import EpisodesFailed, RolloutExecutor, make_episode_fn
 from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 
@@ -75,7 +75,7 @@ def test_episode_plays_env_with_agent_and_closes_it():
     (aiohttp.ClientConnectionError("refused"), "server_error"),
     (InferenceError("/generate failed after 4 attempts"), "server_error"),
     (ConnectionResetError("reset"), "server_error"),
-    (ValueError("agent bug"), "env_error"),
+    (ValueError("agent bug"), "agent_error"),
 ])
 def test_exceptions_become_statuses(exc, status):
     AddEnv.closed = 0
@@ -157,7 +157,22 @@ def test_everything_failing_raises_with_the_last_error():
                          lambda rid: FailingLLM(InferenceError("/generate failed after 4 attempts (127.0.0.1:1)")))
     c = RolloutConfig(batch_size=2, group_size=2, max_concurrent_rollouts=8)
     with RolloutExecutor(c, episode_fn=fn, rows=ROWS, max_failed_streak=5) as ex:
-        with pytest.raises(RuntimeError, match=r"last \d+ groups failed \(last: server_error: InferenceError"):
+        with pytest.raises(EpisodesFailed, match=r"last \d+ groups failed; last cause: server: InferenceError.*"
+                                                 r"check the inference servers"):
             ex.prepare_batch(timeout=20)
         counts = ex.counts()
     assert counts["failed"] >= 10 and counts["accepted"] == 0
+
+
+def test_batches_report_the_share_of_groups_with_learning_signal():
+    c = RolloutConfig(batch_size=2, group_size=2, max_concurrent_rollouts=4, max_head_offpolicyness=0)
+    same = make_episode_fn(AddEnv, ChatAgent(max_turns=3), lambda rid: ScriptedLLM(answer))
+    with RolloutExecutor(c, episode_fn=same, rows=ROWS) as ex:  # every episode solves it: equal rewards
+        ex.prepare_batch(timeout=20)
+        assert ex.stats()["rollout/signal_groups"] == 0.0
+    mixed = make_episode_fn(AddEnv, ChatAgent(max_turns=3),  # the first episode of each group solves it
+                            lambda rid: ScriptedLLM(answer if rid.endswith("-0") else ["x", "x"]))
+    with RolloutExecutor(c, episode_fn=mixed, rows=ROWS) as ex:
+        batch = ex.prepare_batch(timeout=20)
+        assert sorted(t.reward for g in batch for t in g) == [0.0, 0.0, 1.0, 1.0]
+        assert ex.stats()["rollout/signal_groups"] == 1.0

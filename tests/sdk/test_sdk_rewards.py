@@ -243,3 +243,21 @@ def test_reward_workers_config_reaches_the_runner() -> None:
     default.close(), three.close()
     with pytest.raises(ConfigError, match=r"rollout.reward_workers: must be >= 1"):
         load_config(None, ["rollout.reward_workers=0"])
+
+
+def test_a_reward_in_a_file_from_imports_runs_in_the_workers(tmp_path) -> None:
+    from areal_agents.config_loader import load_config
+    from areal_agents.registry import rewards as registry
+
+    path = tmp_path / "file_reward_for_workers.py"  # a directory no worker has on sys.path
+    path.write_text("from areal_agents import register_reward\n\n"
+                    "@register_reward('file-reward-for-workers')\n"
+                    "def count_a(completion, **row):\n"
+                    "    return float(completion.count('a'))\n")
+    try:
+        load_config(overrides=[f"imports={path}"])
+        with RewardRunner(timeout=20, max_workers=1) as runner:
+            result = runner.compute("file-reward-for-workers", "banana")
+        assert result.ok and result.value == 3.0, result
+    finally:
+        registry.remove("file-reward-for-workers")

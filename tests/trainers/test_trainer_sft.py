@@ -91,3 +91,19 @@ def test_warm_start_cache_key_follows_training_rows_not_eval_settings(tmp_path: 
     assert same == first and (same / "model.safetensors").stat().st_mtime_ns == made  # not rebuilt
     other = ensure_warm_model(load_config(None, [*tiny, "data.train_size=3000"]), progress=False, warm_start=True)
     assert other != first  # other training rows: another warm start
+
+
+def test_sft_command_says_where_it_wrote_the_model(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "COLUMNS": "400"}
+    proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "sft", "--env", "math", "sft.steps=2",
+                           "sft.batch_size=4", "sft.eval_every=0", "logging.progress=false"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("model written to:"))
+    model = Path(line.split(": ", 1)[1].split(" (", 1)[0])
+    assert model.is_relative_to(tmp_path / "cache") and (model / "model.safetensors").is_file()
+    assert "in the model cache" in line and "sft.output_dir" in line and "actor.path" in line

@@ -1,0 +1,121 @@
+"""Who failed and why: the component behind a failed episode, and where in the user's code.
+
+A failed :class:`~areal_agents.types.Trajectory` has a status naming the component that
+failed (``env_error``, ``agent_error``, ``reward_error``, ``server_error``, ``timeout``,
+``aborted``) and the cause in its info. The helpers here turn that into one line for the user,
+and find the line of user code an exception came from.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sysconfig
+import traceback
+from typing import Any
+
+from areal_agents.types import Trajectory
+
+__all__ = ["EpisodesFailed", "blame", "code_location", "describe", "failure_cause", "failure_message", "function_location"]
+
+COMPONENTS = {"env_error": "env", "agent_error": "agent", "reward_error": "reward", "server_error": "server",
+              "timeout": "timeout", "aborted": "aborted"}
+
+HINTS = {
+    "env": "check the env's reset/step",
+    "agent": "check the agent's __init__/run",
+    "reward": "check the reward function",
+    "server": "check the inference servers (their logs are in the run dir's logs/)",
+    "timeout": "an episode or a reward hung: check for hangs, or raise rollout.episode_timeout / rollout.reward_timeout",
+    "aborted": "episodes were cancelled",
+}
+
+
+class EpisodesFailed(RuntimeError):
+    """Every episode of a stretch (rollout groups, an evaluation) failed; the message names the cause."""
+
+    names_its_cause = True  # the CLI prints the message alone
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+_SITE = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
+
+
+def _ours_or_stdlib(path: str) -> bool:
+    full = os.path.abspath(path)
+    return path.startswith("<") or full.startswith(_PACKAGE) or full.startswith(_STDLIB)
+
+
+def code_location(exc: BaseException) -> str | None:
+    """``file.py:line`` of the innermost frame of ``exc`` in the user's code (not this package,
+    the standard library or an installed library; an installed package of the user's counts when
+    nothing else does), or None."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for strict in (True, False):
+        for frame in reversed(frames):
+            if _ours_or_stdlib(frame.filename) or strict and os.path.abspath(frame.filename).startswith(_SITE):
+                continue
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return None
+
+
+def function_location(fn: Any) -> str | None:
+    """``file.py:line`` where ``fn`` (a function or a class) is defined, or None."""
+    code = getattr(fn, "__code__", None)
+    if code is not None:  # the ``def`` line, after any decorators
+        line = code.co_firstlineno
+        for offset in range(32):
+            if linecache.getline(code.co_filename, line + offset).lstrip().startswith(("def ", "async def ")):
+                line += offset
+                break
+        return f"{os.path.basename(code.co_filename)}:{line}"
+    try:
+        import inspect
+
+        lines = inspect.getsourcelines(fn)
+        return f"{os.path.basename(inspect.getsourcefile(fn) or '?')}:{lines[1]}"
+    except (OSError, TypeError):
+        return None
+
+
+def describe(exc: BaseException, fallback: str | None = None) -> str:
+    """``Type: message (file.py:line)`` for an exception from user code (``fallback`` is the
+    location when no frame of the traceback is the user's)."""
+    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    where = code_location(exc) or fallback
+    return f"{text} ({where})" if where else text
+
+
+def blame(exc: BaseException, env: Any, agent: Any) -> str:
+    """``env_error`` when the innermost frame of ``exc`` that belongs to ``env`` or ``agent`` (a
+    method of either) is the env's, else ``agent_error``: an exception escaping the agent's
+    ``run`` is the agent's unless it came from the env."""
+    owner = "agent_error"
+    tb = exc.__traceback__
+    while tb is not None:
+        this = tb.tb_frame.f_locals.get("self")
+        if this is env:
+            owner = "env_error"
+        elif this is agent:
+            owner = "agent_error"
+        tb = tb.tb_next
+    return owner
+
+
+def failure_cause(traj: Trajectory) -> str:
+    """``component: cause`` of a failed trajectory, e.g. ``reward: reward 'x' returned str ...``."""
+    component = COMPONENTS.get(traj.status, traj.status)
+    info = traj.info or {}
+    first, second = ("reward_error", "error") if traj.status in ("reward_error", "timeout") else ("error", "reward_error")
+    detail = str(info.get(first) or info.get(second) or traj.status)
+    return f"{component}: {detail}"
+
+
+def failure_message(what: str, traj: Trajectory) -> str:
+    """``{what}; last cause: {component: cause}; {what to check}``, cut to a readable length."""
+    cause = failure_cause(traj)
+    if len(cause) > 400:
+        cause = cause[:400] + "..."
+    hint = HINTS.get(COMPONENTS.get(traj.status, ""), "")
+    return f"{what}; last cause: {cause}" + (f"; {hint}" if hint else "")

@@ -1,0 +1,255 @@
+"""Reward worker processes: a fresh interpreter each, tied to the life of the process that started it.
+
+Private to :mod:`areal_agents.rewards`. A worker is ``python -c <bootstrap>`` with the parent's
+``sys.path``, talking over a socket pair. It never imports the parent's ``__main__`` (so a
+script that starts a run without an ``if __name__ == "__main__":`` guard is not run again),
+except to load a reward function defined there; if that script then starts a run, it stops
+with a message saying to add the guard. A worker dies with its parent: ``PR_SET_PDEATHSIG``
+(SIGKILL) on Linux, armed from a spawner thread that lives as long as the process, plus a
+thread polling the parent's pid elsewhere; at interpreter exit the parent kills what is left.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import json
+import math
+import numbers
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["BadValue", "Worker", "check_not_in_worker", "check_value", "describe_failure", "in_reward_worker",
+           "main_script_file", "worker_entry"]
+
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from areal_agents._reward_worker import worker_entry; worker_entry(*sys.argv[2:])")
+
+_READY = b"ready"
+_STARTUP_TIMEOUT = 120.0  # seconds for a worker to start, on a machine under load
+_IN_WORKER = False
+_LOADING_MAIN: str | None = None  # the parent's script, while a worker imports it for a reward
+
+
+def in_reward_worker() -> bool:
+    """True inside a reward worker process."""
+    return _IN_WORKER
+
+
+def check_not_in_worker() -> None:
+    """Refuse to start a run (or reward workers) while a reward worker imports the parent's script
+    for a reward defined there: the script has no ``__main__`` guard and would run again."""
+    if _LOADING_MAIN is not None:
+        script = os.path.basename(_LOADING_MAIN)
+        raise RuntimeError(f"{script} starts a run when imported, and a reward worker imports it to load a reward "
+                           'defined there: put the run under `if __name__ == "__main__":` (or move the reward '
+                           "into a module)")
+
+
+class BadValue(Exception):
+    """A reward returned something that is not a finite number."""
+
+
+def check_value(value: Any) -> float:
+    """``value`` as a finite float; numbers of any kind (numpy too) but not bools or strings."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BadValue(f"returned {type(value).__name__} {value!r:.60}, not a number")
+    result = float(value)
+    if not math.isfinite(result):
+        raise BadValue(f"returned {result}, not a finite number")
+    return result
+
+
+def describe_failure(fn: Any, exc: BaseException) -> str:
+    """What went wrong in ``fn`` (``returned str ..., not a number`` or ``raised Type: msg``)
+    and where: the innermost line of ``fn``'s file in the traceback, else where ``fn`` is defined."""
+    from areal_agents._failures import function_location
+
+    where = function_location(fn)
+    code = getattr(fn, "__code__", None)
+    if not isinstance(exc, BadValue) and code is not None:
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename]
+        if lines:
+            where = f"{where.rsplit(':', 1)[0] if where else '?'}:{lines[-1]}"
+    what = str(exc) if isinstance(exc, BadValue) else f"raised {type(exc).__name__}: {exc}".rstrip(": ")
+    return what + (f" ({where})" if where else "")
+
+
+def _limit_memory(memory_bytes: int) -> None:
+    """Cap this process's address space at ``memory_bytes`` (soft and hard limit; Linux/macOS)."""
+    if memory_bytes <= 0:
+        return
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _load_main(path: str) -> None:
+    """Import the parent's script as ``__main__`` (guarded code does not run), for a reward defined there."""
+    global _LOADING_MAIN
+    import runpy
+    import types
+
+    if getattr(sys.modules.get("__mp_main__"), "__file__", None) == path:
+        return
+    _LOADING_MAIN = path
+    try:
+        namespace = runpy.run_path(path, run_name="__mp_main__")
+    finally:
+        _LOADING_MAIN = None
+    module = types.ModuleType("__mp_main__")
+    module.__dict__.update(namespace)
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+
+
+def _import_files(files: dict[str, str]) -> None:
+    """Import the user's ``.py`` files (``imports=``, or the script) a pickled reward may live in."""
+    from areal_agents.config_loader import import_user_module
+
+    for name, path in files.items():
+        if name == "__main__":
+            _load_main(path)
+        elif name not in sys.modules:
+            import_user_module(path)
+
+
+def _serve(conn: Connection) -> None:
+    """Receive ``(files, pickled (fn, completion, row))``, send ``(ok, value or error text)``."""
+    while True:
+        try:
+            job = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not job:
+            return
+        fn = None
+        try:
+            files, payload = pickle.loads(job)
+            _import_files(files)
+            fn, completion, row = pickle.loads(payload)
+            reply: tuple[bool, Any] = (True, check_value(fn(completion, **row)))
+        except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
+            reply = (False, describe_failure(fn, exc) if fn is not None
+                     else f"could not be loaded in a worker: {type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
+    if sys.platform == "linux":
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:  # the parent ended before the signal was armed
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def worker_entry(fd: str, parent: str, memory_bytes: str) -> None:
+    """The worker's main: called by the bootstrap with the socket fd, the parent's pid and the cap."""
+    global _IN_WORKER
+    _IN_WORKER = True
+    _die_with(int(parent))
+    _limit_memory(int(memory_bytes))
+    conn = Connection(int(fd))
+    conn.send_bytes(_READY)  # start-up (an interpreter and imports) does not count against reward timeouts
+    _serve(conn)
+
+
+# -- the parent side ----------------------------------------------------------------------
+
+# Popen runs here: the parent-death signal fires when the *thread* that started the child ends,
+# and this one lives as long as the process (request threads come and go).
+_spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-spawner")
+_live: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+class Worker:
+    """One worker process and the parent's end of its socket."""
+
+    def __init__(self, memory_bytes: int | None = None) -> None:
+        ours, theirs = socket.socketpair()
+        self.conn = Connection(ours.detach())
+        try:
+            fd = theirs.fileno()
+            cmd = [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(fd), str(os.getpid()), str(memory_bytes or 0)]
+            self.proc = _spawner.submit(subprocess.Popen, cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                                        start_new_session=True).result()
+        finally:
+            theirs.close()
+        _live.add(self)
+
+    def started(self) -> bool:
+        """Wait for the worker's ready message; False (the worker is killed) if it never came."""
+        try:
+            if self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv_bytes() == _READY:
+                return True
+        except (EOFError, OSError):
+            pass
+        self.kill()
+        return False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def exit_code(self, timeout: float = 5.0) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.exit_code()
+        self.conn.close()
+        _live.discard(self)
+
+    def stop(self) -> None:
+        try:
+            self.conn.send_bytes(b"")
+        except (BrokenPipeError, OSError):
+            pass
+        if self.exit_code(2.0) is None:
+            self.proc.kill()
+        self.kill()
+
+
+def main_script_file(fn: Any) -> dict[str, str]:
+    """``{"__main__": path}`` when ``fn`` is defined in the parent's script, else ``{}``."""
+    if getattr(fn, "__module__", None) != "__main__":
+        return {}
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return {"__main__": os.path.abspath(path)} if path else {}
+
+
+@atexit.register
+def _kill_all() -> None:  # nothing outlives the interpreter, whether or not its runner was closed
+    for worker in list(_live):
+        worker.kill()

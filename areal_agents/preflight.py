@@ -1,0 +1,131 @@
+"""Check the user's env, reward and agent in seconds, before a run builds a model or starts a server.
+
+``areal-agents run`` calls :func:`preflight` first. On one row of the training data it builds
+the env, resets and steps it with the env's reference completion (which calls its reward),
+runs :func:`~areal_agents.env.check_env`, then builds the agent and plays one episode against a
+:class:`~areal_agents.testing.ScriptedLLM` (a scripted model with a character tokenizer: the
+agent's code runs, no model does). A failure is a :class:`PreflightError` whose one-line
+message names the component, the cause and the line of the user's code, e.g.
+``reward 'exact' returned str '0.0', not a number (my_rewards.py:12)``; the original exception
+is chained to it, so ``AREAL_AGENTS_TRACEBACK=1`` shows the whole traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from areal_agents._failures import blame, describe, failure_cause, function_location
+from areal_agents._reward_worker import check_not_in_worker
+from areal_agents.config import ExperimentConfig
+from areal_agents.data import load_dataset_rows
+from areal_agents.env import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
+from areal_agents.episodes import build_agent, env_factory, sampling_params
+from areal_agents.registry import agents, envs
+from areal_agents.rewards import RewardRunner, default_runner
+from areal_agents.testing import ScriptedLLM
+from areal_agents.types import Trajectory
+
+__all__ = ["PreflightError", "preflight"]
+
+T = TypeVar("T")
+
+
+class PreflightError(Exception):
+    """The user's env, agent or reward failed the checks before the run; the message names it."""
+
+    names_its_cause = True  # the CLI prints the message alone
+
+
+def _call(what: str, fn: Callable[..., T], *args: Any, fallback: Any = None, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``; an exception becomes a PreflightError ``{what} raised Type: msg (file:line)``."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's code raises, one line
+        raise PreflightError(f"{what} raised {describe(exc, function_location(fallback))}") from exc
+
+
+def _close(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if close is not None:
+        _call(f"env {type(env).__name__}.close", close)
+
+
+def _check_env_and_reward(cfg: ExperimentConfig, row: dict[str, Any]) -> str:
+    """Build, reset and step the env on ``row`` (its reward runs), then ``check_env``; return
+    the reply that was used (the reference completion, or a probe when there is none)."""
+    label = f"env {cfg.env.name!r}"
+    env = _call(f"{label}: constructing it", env_factory(cfg), fallback=envs.get(cfg.env.name))
+    try:
+        _call(f"{label}: reset", env.reset, seed=cfg.seed, options=dict(row))
+        reference = _call(f"{label}: reference_completion", env.reference_completion, dict(row))
+        reply = reference if isinstance(reference, str) and reference else DEFAULT_PROBE_ACTIONS[0]
+        out = _call(f"{label}: step", env.step, reply)
+        info = out[4] if isinstance(out, tuple) and len(out) == 5 and isinstance(out[4], dict) else {}
+        if info.get("reward_status") in ("reward_error", "timeout"):
+            raise PreflightError(str(info.get("reward_error") or f"{label}: its reward failed"))
+        try:
+            check_env(env, seed=cfg.seed, options=dict(row), actions=[reply, *DEFAULT_PROBE_ACTIONS])
+        except EnvCheckError as exc:
+            where = function_location(type(env))
+            raise PreflightError(f"{label}: {exc}" + (f" ({where})" if where else "")) from exc
+        except Exception as exc:  # noqa: BLE001
+            raise PreflightError(f"{label}: check_env raised {describe(exc, function_location(type(env)))}") from exc
+    finally:
+        _close(env)
+    return reply
+
+
+def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str) -> None:
+    """Build the agent and play one episode of ``row`` against a scripted model."""
+    label = f"agent {cfg.agent.name!r}"
+    agent = _call(f"{label}: constructing it", build_agent, cfg, sampling_params(cfg), fallback=agents.get(cfg.agent.name))
+    replies = itertools.chain([reply], itertools.cycle(DEFAULT_PROBE_ACTIONS))
+    llm = ScriptedLLM(lambda messages: next(replies))
+    env = env_factory(cfg)()
+    timeout = cfg.rollout.episode_timeout
+    try:
+        traj = asyncio.run(asyncio.wait_for(agent.run(env, llm, dict(row), seed=cfg.seed), timeout))
+    except asyncio.TimeoutError:
+        raise PreflightError(f"{label}: one episode against a scripted model did not end within "
+                             f"rollout.episode_timeout={timeout:g} s ({function_location(type(agent))})") from None
+    except Exception as exc:  # noqa: BLE001
+        who = f"env {cfg.env.name!r}" if blame(exc, env, agent) == "env_error" else label
+        raise PreflightError(f"{who}: an episode raised {describe(exc, function_location(type(agent)))}") from exc
+    finally:
+        _close(env)
+    if not isinstance(traj, Trajectory):
+        raise PreflightError(f"{label}: run returned {type(traj).__name__}, not a Trajectory "
+                             f"({function_location(type(agent))})")
+    if not traj.ok:
+        raise PreflightError(f"one episode against a scripted model failed: {failure_cause(traj)}")
+    try:
+        traj.validate()
+    except ValueError as exc:
+        raise PreflightError(f"{label}: run returned an invalid trajectory: {exc} "
+                             f"({function_location(type(agent))})") from exc
+
+
+def preflight(cfg: ExperimentConfig) -> None:
+    """Check the env, its reward and the agent of ``cfg`` on one training row (see the module doc).
+
+    Raises :class:`PreflightError` (or the dataset's ``DatasetError``) with one line; does
+    nothing in ``mode=train``, which plays no episodes, or for a config that passed already in
+    this process (the command line checks before it loads the trainer, the trainer again).
+    """
+    check_not_in_worker()
+    if cfg.mode == "train" or any(cfg == done for done in _PASSED):
+        return
+    rows = load_dataset_rows(cfg, "train")
+    if not rows:
+        raise PreflightError(f"env {cfg.env.name!r}: the training data has no rows")
+    with default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout, max_workers=1)):
+        reply = _check_env_and_reward(cfg, rows[0])
+        _check_agent(cfg, rows[0], reply)
+    _PASSED.append(copy.deepcopy(cfg))
+
+
+_PASSED: list[ExperimentConfig] = []
