@@ -231,6 +231,15 @@ class Worker:
         self.conn.close()
         _live.discard(self)
 
+    def __del__(self) -> None:  # a runner dropped without close(): end and reap the process
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
     def stop(self) -> None:
         try:
             self.conn.send_bytes(b"")

@@ -261,3 +261,15 @@ def test_a_reward_in_a_file_from_imports_runs_in_the_workers(tmp_path) -> None:
         assert result.ok and result.value == 3.0, result
     finally:
         registry.remove("file-reward-for-workers")
+
+
+def test_a_runner_dropped_without_close_leaves_no_worker() -> None:
+    import gc
+
+    runner = RewardRunner(timeout=20, max_workers=1)
+    assert runner(length_reward, "abc").value == 3.0
+    (worker,) = runner._idle
+    proc = worker.proc
+    del runner, worker
+    gc.collect()  # no ResourceWarning for a still-running subprocess (warnings are errors here)
+    assert proc.returncode is not None and proc.poll() is not None
