@@ -2,8 +2,8 @@
 
 Both start from the same warm-start model (the default run's, built once), train on the same
 prompts with the same reward, batch (16 prompts × 8 samples), sampling (temperature, top-p,
-max new tokens) and optimiser (AdamW, learning rate, betas, gradient clip; a constant rate,
-since a time budget fixes no step count), each on every core of the machine, each for the same
+max new tokens) and optimiser (AdamW, learning rate and its warmup, betas, gradient clip; a
+constant rate after the warmup, since a time budget fixes no step count), each on every core of the machine, each for the same
 budget of training time, and are evaluated with greedy decoding on the same held-out rows.
 
 The plain loop is the "no framework" baseline anyone could write: HF ``generate`` with
@@ -79,6 +79,7 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
     _, test_prompts = render_examples(cfg, tok, env, test_rows)
     a, s = cfg.actor, cfg.sampling
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.betas[0], a.betas[1]), weight_decay=a.weight_decay)
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, a.warmup_steps)))
     pad, eos = tok.pad_token_id, tok.eos_token_id
     n_prompts, group = cfg.rollout.batch_size, cfg.rollout.group_size
     order: list[int] = []
@@ -129,6 +130,7 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
         if a.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
         opt.step()
+        warmup.step()
         t3 = time.perf_counter()
         phase["generate_s"] += t1 - t0
         phase["reward_s"] += t2 - t1
