@@ -27,7 +27,8 @@ from areal_agents.types import Trajectory
 __all__ = ["cli_sft", "ensure_warm_model", "greedy_accuracy", "render_examples", "sft_loss", "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str]
-_WARM_VERSION = 2  # bump when the warm start recipe changes, so cached models are rebuilt
+_CHECK_ROWS = 200
+_WARM_VERSION = 3  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
 def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
@@ -203,7 +204,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     ``warm_start=True`` (what ``run`` and ``eval`` use) trains at ``sft.warm_start_lr`` and
     stops at the first check (every ``sft.warm_start_check_every`` steps, at most
     ``sft.warm_start_steps``) whose greedy accuracy on the eval rows reaches
-    ``sft.warm_start_target``: a policy that is right part of the time, so that RL has
+    ``sft.warm_start_target`` (on the first 200 eval rows): a policy that is right part of the time, so that RL has
     something to learn, whichever seed or machine (a fixed step count lands anywhere on the
     steep part of the SFT curve).
 
@@ -227,6 +228,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     cfg_rows = dataclasses.replace(cfg, data=data)
     train_rows = load_dataset_rows(cfg_rows, "train")
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
+    if stop_at:  # the warm start's frequent checks: a 200-row sample of the eval rows keeps them cheap
+        test_rows = test_rows[:_CHECK_ROWS]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
 
     def texts() -> list[str]:
