@@ -46,37 +46,37 @@ class _ElasticThreads:
     A call that never returns parks only the thread running it; the next call gets another
     thread, so hung env calls can neither starve the others nor hold up shutdown (daemon
     threads). Reuse saves a thread start per env call (under GIL pressure, starting a thread
-    stalls the event loop that asked for it). Idle threads leave after ``idle_s`` seconds.
+    stalls the event loop that asked for it). Idle threads leave after ``idle_s`` seconds
+    (a run's env calls come in steady bursts; a finished one leaves no thread for long).
     """
 
-    def __init__(self, idle_s: float = 30.0) -> None:
+    def __init__(self, idle_s: float = 1.0) -> None:
         self.idle_s = idle_s
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._idle = 0
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []  # inboxes of waiting threads
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
-            spawn = self._idle == 0
-            if not spawn:
-                self._idle -= 1  # that thread is claimed: the job below is its
-        self._jobs.put(job)
-        if spawn:
-            threading.Thread(target=self._work, name="env-call", daemon=True).start()
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            threading.Thread(target=self._work, args=(job,), name="env-call", daemon=True).start()
+        else:
+            inbox.put(job)
 
-    def _work(self) -> None:
+    def _work(self, job: Callable[[], None]) -> None:
+        inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         while True:
-            try:
-                job = self._jobs.get(timeout=self.idle_s)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle > 0:  # not claimed since it went idle: leave
-                        self._idle -= 1
-                        return
-                continue  # claimed: its job is being queued
             job()
             with self._lock:
-                self._idle += 1
+                self._idle.append(inbox)
+            try:
+                job = inbox.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # nobody took this thread: leave
+                        self._idle.remove(inbox)
+                        return
+                job = inbox.get()  # taken just as the wait ended: its job is on the way
 
 
 _THREADS = _ElasticThreads()

@@ -21,7 +21,7 @@ from areal_agents.data import arithmetic_dataset
 from areal_agents.env import make_env
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.llm_client import ClientLLM
-from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rewards import RewardRunner, math_reward, set_default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 
 CONCURRENCY = 256
@@ -54,6 +54,9 @@ def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) ->
     pids = [h.process.pid for h in group]
     runner = RewardRunner(timeout=10.0, max_workers=2)
     old_runner = set_default_runner(runner)
+    # workers are started by one process-lifetime thread (their parent-death signal is tied to
+    # it), made at the first reward: part of the baseline, not a leak
+    assert runner.compute(math_reward, "5", {"answer": "5"}).value == 1.0
     threads0, conns0 = threading.active_count(), connections_to(ports)
     client = InferenceClient(group.addresses, schedule="least_loaded")
     sampling = {"max_new_tokens": 8, "temperature": 1.0}
