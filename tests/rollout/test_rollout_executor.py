@@ -14,12 +14,14 @@ import threading
 import time
 
 import pytest
+from rollout_support import other_threads, threads_drained
 
 from areal_agents.config import RolloutConfig
 from areal_agents.rollout import RolloutExecutor, write_rollouts
 from areal_agents.types import Trajectory
 
 ROWS = [{"question": f"{i}+{i}", "answer": str(2 * i)} for i in range(12)]
+
 
 
 def make_traj(seed: int, reward: float, n_gen: int = 3) -> Trajectory:
@@ -244,7 +246,7 @@ def _open_fds() -> int:
 
 
 def test_shutdown_cancels_everything_and_leaks_nothing():
-    threads0, fds0 = threading.active_count(), _open_fds()
+    threads0, fds0 = other_threads(), _open_fds()
     started, cancelled = [], []
     leftover_tasks = []
 
@@ -274,7 +276,7 @@ def test_shutdown_cancels_everything_and_leaks_nothing():
     assert leftover_tasks == [1]  # only the shutdown coroutine itself
     assert counts["in_flight"] == 0 and counts["failed"] == 16 and ex.stats()["rollout/failed/aborted"] == 16
     assert_invariant(counts)
-    assert threading.active_count() == threads0
+    assert threads_drained(threads0)
     assert _open_fds() == fds0
     assert ex._thread is not None and ex._thread.loop.is_closed()
     with pytest.raises(RuntimeError, match="closed"):

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from rollout_fault_rewards import addition_reward
+from rollout_support import other_threads, threads_drained
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import ExperimentConfig, RolloutConfig
@@ -208,7 +209,7 @@ def _open_fds() -> int:
 
 
 def test_clean_shutdown_with_requests_in_flight(server, tokenizer, at_version_0):
-    threads0, fds0 = threading.active_count(), _open_fds()
+    threads0, fds0 = other_threads(), _open_fds()
     client = InferenceClient([server.address])
     sampling = {"max_new_tokens": 400, "temperature": 1.0, "ignore_eos": True}
     cfg = RolloutConfig(batch_size=2, group_size=2, max_concurrent_rollouts=8, max_head_offpolicyness=1)
@@ -229,7 +230,7 @@ def test_clean_shutdown_with_requests_in_flight(server, tokenizer, at_version_0)
     c = ex.counts()
     assert c["in_flight"] == 0 and c["failed"] == 8 and c["submitted"] == 8
     assert ex.stats()["rollout/failed/aborted"] == 8
-    assert threading.active_count() == threads0
+    assert threads_drained(threads0)
     assert _open_fds() == fds0  # the client's sockets are closed
     # the server is still healthy and serving after the cancelled requests
     control.wait_healthy(server.address, timeout=10)
