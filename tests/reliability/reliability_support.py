@@ -118,3 +118,14 @@ def find_marker_processes(marker: str) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def settled_thread_count(timeout: float = 3.0) -> int:
+    """``threading.active_count()`` once the env-call pool's idle threads (left by earlier work in
+    this process; they leave after 1 s idle) are gone: a baseline that later counts can equal."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    while any(t.name == "env-call" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threading.active_count()

@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from reliability_hostile_rewards import hostile_reward
-from reliability_support import record
+from reliability_support import record, settled_thread_count
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
@@ -96,7 +96,7 @@ def test_hostile_envs_are_contained_and_counted() -> None:
     hostile = [k for k in EXPECTED if k != "ok"]
     # 8 sync hangs first: more than a default thread pool has threads on a small machine
     rows = [{"kind": "hang_sync"}] * 8 + [{"kind": k} for k in hostile for _ in range(2)] + [{"kind": "ok"}] * 40
-    threads0 = threading.active_count()
+    threads0 = settled_thread_count()
     try:
         trajs, counts, stats, seconds = run_rows(HostileEnv, rows, timeout=3.0)
     finally:

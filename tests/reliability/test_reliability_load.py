@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from reliability_support import make_model, record, rss_mb, start_servers
+from reliability_support import make_model, record, rss_mb, settled_thread_count, start_servers
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
@@ -57,7 +57,7 @@ def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) ->
     # workers are started by one process-lifetime thread (their parent-death signal is tied to
     # it), made at the first reward: part of the baseline, not a leak
     assert runner.compute(math_reward, "5", {"answer": "5"}).value == 1.0
-    threads0, conns0 = threading.active_count(), connections_to(ports)
+    threads0, conns0 = settled_thread_count(), connections_to(ports)
     client = InferenceClient(group.addresses, schedule="least_loaded")
     sampling = {"max_new_tokens": 8, "temperature": 1.0}
     agent = ChatAgent(max_turns=1, max_tokens=8, sampling=sampling)
