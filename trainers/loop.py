@@ -76,7 +76,8 @@ def seed_everything(seed: int) -> None:
 
 def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
              progress: Any = None) -> dict[str, Any]:
-    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own."""
+    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own, and its duration
+    (``time/eval_s``, so that training time can be told from eval time)."""
 
     async def go() -> dict[str, Any]:
         client = InferenceClient(addresses, timeout=cfg.inference.request_timeout)
@@ -86,7 +87,10 @@ def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: 
         finally:
             await client.aclose()
 
-    return asyncio.run(go()) if rows else {}
+    if not rows:
+        return {}
+    t0 = time.monotonic()
+    return {**asyncio.run(go()), "time/eval_s": time.monotonic() - t0}
 
 
 def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
@@ -200,10 +204,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         stack.enter_context(ckpt.save_on_sigterm(
             lambda: (engine, step, version, executor.state_dict() if executor else None)))
 
-        t_eval = time.monotonic()
         before = run_eval(cfg, tokenizer, addresses, test_rows, display.progress)
         if logger is not None:
-            logger.log(step, {**before, "time/eval_s": time.monotonic() - t_eval})
+            logger.log(step, before)
         if executor is not None:
             executor.start()
         display.start(total=cfg.trainer.total_steps, done=step)
@@ -238,9 +241,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
-                t3 = time.monotonic()
                 metrics.update(run_eval(cfg, tokenizer, addresses, test_rows, display.progress))
-                metrics["time/eval_s"] = time.monotonic() - t3
             if logger is not None:
                 logger.log(step, metrics)
                 logger.log_samples(step, trajs)
