@@ -8,6 +8,7 @@ new messages' tokens, so the trainer sees exactly what was sampled. Backends imp
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -15,6 +16,11 @@ from typing import Any, Protocol
 from areal_agents.types import Trajectory
 
 __all__ = ["Generation", "LLM", "Tokenizer"]
+
+# Texts a tokenizer has encoded, shared by the episodes that use it: the 8 episodes of a
+# group render the same prompt, and every turn ends with the same template text.
+_ENCODED: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_ENCODED_MAX = 8192
 
 
 class Tokenizer(Protocol):
@@ -70,6 +76,10 @@ class LLM(ABC):
         self.tokenizer = tokenizer
         self.default_sampling: dict[str, Any] = dict(default_sampling or {})
         self._turn_end: str | None = None
+        try:
+            self._encoded: dict[str, tuple[int, ...]] | None = _ENCODED.setdefault(tokenizer, {})
+        except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no cache
+            self._encoded = None
         self.reset()
 
     def reset(self) -> None:
@@ -127,7 +137,17 @@ class LLM(ABC):
         self._versions.extend([int(v) for v in versions] if versions is not None else [-1] * n)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        if not text:
+            return []
+        cache = self._encoded
+        ids = cache.get(text) if cache is not None else None
+        if ids is None:
+            ids = tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))
+            if cache is not None:
+                if len(cache) >= _ENCODED_MAX:
+                    cache.clear()
+                cache[text] = ids
+        return list(ids)
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(

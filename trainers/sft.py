@@ -24,11 +24,12 @@ import torch
 from areal_agents.config import ExperimentConfig, SFTConfig
 from areal_agents.types import Trajectory
 
-__all__ = ["cli_sft", "ensure_warm_model", "greedy_accuracy", "render_examples", "sft_loss", "sft_train"]
+__all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
+           "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str]
 _CHECK_ROWS = 200
-_WARM_VERSION = 3  # bump when the warm start recipe changes, so cached models are rebuilt
+_WARM_VERSION = 4  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
 def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
@@ -170,6 +171,38 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[st
     return hits / max(1, len(rows))
 
 
+@torch.no_grad()
+def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int,
+                         batch_size: int = 256) -> float:
+    """Fraction of ``(prompt_ids, completion_ids + eos)`` pairs whose greedy completion is exactly
+    the reference, from one teacher-forced forward pass per batch (no decoding loop).
+
+    Greedy decoding reproduces the reference iff the argmax at every completion position (eos
+    included) is the reference token, so this equals greedy exact match; it is a lower bound
+    of :func:`greedy_accuracy`, which also counts other completions the reward accepts.
+    """
+    was_training = model.training
+    model.eval()
+    hits = 0
+    try:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            width = max(len(p) + len(c) for p, c in chunk)
+            ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)
+            attn = torch.zeros((len(chunk), width), dtype=torch.long)
+            target = torch.zeros((len(chunk), width), dtype=torch.bool)
+            for i, (p, c) in enumerate(chunk):
+                ids[i, : len(p) + len(c)] = torch.tensor(list(p) + list(c))
+                attn[i, : len(p) + len(c)] = 1
+                target[i, len(p) : len(p) + len(c)] = True
+            pred = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].argmax(-1)
+            wrong = (pred != ids[:, 1:]) & target[:, 1:]
+            hits += int((~wrong.any(1)).sum())
+    finally:
+        model.train(was_training)
+    return hits / max(1, len(examples))
+
+
 def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]]
                     ) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
     """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion, and the
@@ -203,10 +236,12 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
 
     ``warm_start=True`` (what ``run`` and ``eval`` use) trains at ``sft.warm_start_lr`` and
     stops at the first check (every ``sft.warm_start_check_every`` steps, at most
-    ``sft.warm_start_steps``) whose greedy accuracy on the eval rows reaches
-    ``sft.warm_start_target`` (on the first 200 eval rows): a policy that is right part of the time, so that RL has
+    ``sft.warm_start_steps``) whose greedy exact-match accuracy on the eval rows reaches
+    ``sft.warm_start_target``: a policy that is right part of the time, so that RL has
     something to learn, whichever seed or machine (a fixed step count lands anywhere on the
-    steep part of the SFT curve).
+    steep part of the SFT curve). The checks are teacher-forced (:func:`exact_match_accuracy`,
+    one forward pass), so checking often costs little; an env whose rows lack a reference
+    completion is checked by greedy decoding on the first 200 eval rows instead.
 
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
     the training rows and the SFT config. The finished model dir appears atomically, with ``sft_report.json``.
@@ -228,9 +263,10 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     cfg_rows = dataclasses.replace(cfg, data=data)
     train_rows = load_dataset_rows(cfg_rows, "train")
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
-    if stop_at:  # the warm start's frequent checks: a 200-row sample of the eval rows keeps them cheap
-        test_rows = test_rows[:_CHECK_ROWS]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
+    exact = bool(stop_at) and all(env.reference_completion(r) is not None for r in test_rows)
+    if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
+        test_rows = test_rows[:_CHECK_ROWS]
 
     def texts() -> list[str]:
         seen = train_rows[:5000]
@@ -245,15 +281,21 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     if not examples:
         raise ValueError(f"env {cfg.env.name!r} gives no reference_completion for its rows: cannot warm-start; "
                          "set actor.path to a model")
-    _, test_prompts = render_examples(cfg, tokenizer, env, test_rows)
+    test_examples, test_prompts = render_examples(cfg, tokenizer, env, test_rows)
     eval_fn = None
-    if test_rows:
+    if exact:  # band checks: teacher-forced, one forward pass
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+        def eval_fn(model: Any) -> dict[str, float]:
+            return {"acc": exact_match_accuracy(model, test_examples, pad)}
+    elif test_rows:
         def eval_fn(model: Any) -> dict[str, float]:
             return {"acc": greedy_accuracy(model, tokenizer, env, test_rows, test_prompts)}
     report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
                        seed=cfg.seed, stop_at=stop_at)
-    summary = {"steps": len(report["loss"]), "target": stop_at, "reached": report["stopped_early"], "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
-               "evals": report["evals"], "base_model": str(base)}
+    summary = {"steps": len(report["loss"]), "target": stop_at, "reached": report["stopped_early"],
+               "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
+               "check": "exact_match" if exact else "greedy", "evals": report["evals"], "base_model": str(base)}
     tmp = out / ".sft_report.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "sft_report.json")

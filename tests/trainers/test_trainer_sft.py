@@ -12,7 +12,7 @@ import torch
 from areal_agents.config import SFTConfig
 from areal_agents.config_loader import load_config
 from areal_agents.inference.tiny_model import build_tiny_model
-from trainers.sft import _trajectory, ensure_warm_model, sft_loss, sft_train
+from trainers.sft import _trajectory, ensure_warm_model, exact_match_accuracy, sft_loss, sft_train
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,27 @@ def test_sft_loss_is_nll_over_completion_tokens() -> None:
     want = -(logp[0, 3] + logp[0, 4] + logp[1, 1] + logp[1, 2] + logp[1, 3]) / 5
     torch.testing.assert_close(loss, want)
     assert metrics["sft/nll"] == pytest.approx(float(want))
+
+
+def test_exact_match_accuracy_is_greedy_decoding_exact_match(chat_model: Path) -> None:
+    """The teacher-forced check counts a row iff greedy decoding reproduces its completion."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(chat_model)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, model.config.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(2, 9, (24,), generator=gen)]
+    examples, want = [], 0
+    for i, p in enumerate(prompts):
+        out = model.generate(input_ids=torch.tensor([p]), max_new_tokens=4, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(p):].tolist()
+        if i % 3 == 0:  # a reference that differs from greedy decoding at one position
+            j = i % len(out)
+            out[j] = out[j] % (model.config.vocab_size - 4) + 3 if out[j] + 1 >= model.config.vocab_size else out[j] + 1
+        else:
+            want += 1
+        examples.append((p, out))
+    assert exact_match_accuracy(model, examples, pad_token_id=0, batch_size=5) == pytest.approx(want / len(examples))
 
 
 def test_sft_learns_text_pairs(chat_model: Path, tmp_path: Path) -> None:
