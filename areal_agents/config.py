@@ -363,7 +363,7 @@ class SFTConfig:
     steps: int = f(500, "Optimiser steps of `areal-agents sft`.")
     batch_size: int = f(64, "Examples per step.")
     lr: float = f(1e-3, "Peak learning rate (cosine decay after warmup).")
-    warm_start_steps: int = f(600, "Most steps of the partial SFT `run` does without actor.path (it stops earlier "
+    warm_start_steps: int = f(1000, "Most steps of the partial SFT `run` does without actor.path (it stops earlier "
                                    "at warm_start_target, leaving RL room to learn).")
     warm_start_lr: float = f(1e-3, "Peak learning rate of that warm start.")
     warm_start_target: float = f(0.4, "The warm start stops at the first check whose greedy accuracy on the eval rows "

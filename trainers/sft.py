@@ -29,7 +29,7 @@ __all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accur
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str]
 _CHECK_ROWS = 200
-_WARM_VERSION = 4  # bump when the warm start recipe changes, so cached models are rebuilt
+_WARM_VERSION = 5  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
 def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
@@ -68,9 +68,9 @@ def _trajectory(prompt: list[int], completion: list[int]) -> Trajectory:
                       versions=[-1] * n_p + [0] * n_c, turn_spans=[(n_p, n_p + n_c)])
 
 
-def _sft_experiment(cfg: ExperimentConfig | None, sft: SFTConfig) -> ExperimentConfig:
+def _sft_experiment(cfg: ExperimentConfig | None, sft: SFTConfig, schedule: str) -> ExperimentConfig:
     base = cfg if cfg is not None else ExperimentConfig()
-    actor = dataclasses.replace(base.actor, lr=sft.lr, warmup_steps=sft.warmup_steps, lr_schedule="cosine")
+    actor = dataclasses.replace(base.actor, lr=sft.lr, warmup_steps=sft.warmup_steps, lr_schedule=schedule)
     algo = dataclasses.replace(base.algorithm, kl_ctl=0.0)
     return dataclasses.replace(base, actor=actor, algorithm=algo)
 
@@ -84,7 +84,8 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos) or
     ``(prompt_text, completion_text)`` (tokenised without special tokens, eos appended).
     ``sft.steps`` steps of ``sft.batch_size`` examples (seeded epochs), AdamW at ``sft.lr``
-    with warmup + cosine decay, on the FSDP2 engine (``cfg`` gives the actor/trainer
+    with warmup + cosine decay (with ``stop_at``: warmup, then constant, since the run stops
+    at an accuracy rather than a step count), on the FSDP2 engine (``cfg`` gives the actor/trainer
     settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end; with
     ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``.
     Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir, "stopped_early": bool}``.
@@ -100,7 +101,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     pairs = _to_ids(examples, tokenizer)
-    exp = _sft_experiment(cfg, sft)
+    exp = _sft_experiment(cfg, sft, "cosine" if stop_at is None else "constant")
     engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps), lr=sft.lr)
     rng = random.Random(seed)
     order: list[int] = []
