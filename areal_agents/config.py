@@ -360,7 +360,7 @@ class AlgorithmConfig:
 class SFTConfig:
     """Supervised fine-tuning (also the warm start of the tiny default model)."""
 
-    steps: int = f(500, "Optimiser steps of `areal-agents sft`.")
+    steps: int = f(1000, "Optimiser steps of `areal-agents sft`.")
     batch_size: int = f(64, "Examples per step.")
     lr: float = f(1e-3, "Peak learning rate (cosine decay after warmup).")
     warm_start_steps: int = f(1000, "Most steps of the partial SFT `run` does without actor.path (it stops earlier "
