@@ -39,7 +39,7 @@ def perturb(engine: object, version: int) -> None:
     with torch.no_grad():
         for param in engine.model.parameters():  # type: ignore[attr-defined]
             local = param.to_local() if hasattr(param, "to_local") else param  # one rank: the whole tensor
-            local.add_(torch.randn(local.shape, generator=gen).to(local.dtype) * 0.02)
+            local.add_(torch.randn(local.shape, generator=gen).to(local.dtype) * 0.05)
 
 
 def probe(engine: object, addr: str) -> dict[str, object]:

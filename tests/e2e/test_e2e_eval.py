@@ -42,7 +42,10 @@ def _greedy_by_hand(model: Path, rows: list[dict], max_new_tokens: int) -> float
 
 
 def test_eval_command_writes_report(tmp_path: Path) -> None:
-    model = build_tiny_model([f"{a}+{b}= {a + b}" for a in range(10, 40) for b in range(10, 40)], tmp_path / "m")
+    # seed 2: an untrained model whose greedy replies differ from row to row (with other seeds
+    # they can all be the same string, and no probe reward splits identical replies)
+    model = build_tiny_model([f"{a}+{b}= {a + b}" for a in range(10, 40) for b in range(10, 40)], tmp_path / "m",
+                             seed=2)
     (tmp_path / "even_rewards.py").write_text(REWARDS)
     out = tmp_path / "report.json"
     n, new_tokens = 12, 5
