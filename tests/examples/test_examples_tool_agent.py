@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from examples_support import ROOT, TINY, run_command, train_steps
+from examples_support import ROOT, TINY, metrics_rows, run_command, train_steps
 
 from areal_agents import make_env
+from areal_agents.data import arithmetic_dataset
 from areal_agents.testing import ScriptedLLM
 
 ROW = {"prompt": "37*45=?", "answer": "1665", "expression": "37*45"}
@@ -53,7 +56,35 @@ def test_agent_rejects_bad_arguments(bad: dict[str, float]) -> None:
         _load().SandboxToolAgent(**bad)
 
 
-@pytest.mark.slow  # the agent itself is covered above; this is the end-to-end registration through the CLI
+def test_reference_turns_show_what_the_sandbox_prints() -> None:
+    module = _load()
+    agent, env = module.SandboxToolAgent(max_tool_calls=2), make_env("python-tool")
+    rows = arithmetic_dataset("train", size=3, ops=["*"], template="{a}{op}{b}=?")
+    for row in rows:
+        (chat, call), (after, answer) = module.reference_turns(env, agent, row)
+        assert chat == [{"role": "user", "content": row["prompt"] + env.hint}] and answer == row["answer"]
+        assert after[:-1] == [*chat, {"role": "assistant", "content": call}]
+        code = re.fullmatch(r"<python>(.*)</python>", call, re.S).group(1)
+        assert after[-1] == {"role": "user", "content": agent.run_tool(code)}  # a real sandbox run prints that
+
+
+@pytest.mark.slow  # the whole example as its README states it, shortened to 2 RL steps
+def test_warm_start_teaches_the_tool_call_and_the_answer(tmp_path: Path) -> None:
+    run_command([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config", "examples/tool_agent/config.yaml",
+                 "trainer.total_steps=2", "logging.progress=false", f"output_dir={tmp_path / 'runs'}"], tmp_path,
+                timeout=900)
+    run_dir = tmp_path / "runs" / "tool-agent" / "sandbox-tool"
+    report = json.loads(next((tmp_path / "cache" / "warm").glob("python-tool-sandbox-tool-*/sft_report.json")).read_text())
+    assert report["stopped_early"] and report["evals"][-1]["acc"] >= 0.8  # both turns of 80% of the test rows
+    rows = metrics_rows(run_dir)
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    assert evals[0] >= 0.6, evals  # served through the agent, with real sandbox runs
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
+    assert sum(r["rollout/reward"] for r in steps) > 0  # (the format was never learned before: reward 0 throughout)
+
+
+@pytest.mark.slow  # registration through the CLI with the smallest warm start
 def test_script_registers_and_trains_with_the_agent(tmp_path: Path) -> None:
     run_command([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config", "examples/tool_agent/config.yaml",
                  *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path)
@@ -62,4 +93,3 @@ def test_script_registers_and_trains_with_the_agent(tmp_path: Path) -> None:
     steps = train_steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2] and steps[-1]["version"] == 2
     assert all(r["rollout/failed"] == 0 for r in steps)
-
