@@ -110,7 +110,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "python examples/tool_agent/sandbox_agent.py --config examples/tool_agent/config.yaml":
             "tests/examples/test_examples_tool_agent.py::test_warm_start_teaches_the_tool_call_and_the_answer",
         "python examples/tool_agent/sandbox_agent.py --config examples/tool_agent/config.yaml trainer.total_steps=5":
-            "tests/examples/test_examples_tool_agent.py::test_script_registers_and_trains_with_the_agent",
+            "tests/examples/test_examples_tool_agent.py::test_warm_start_teaches_the_tool_call_and_the_answer",
     },
 }
 
@@ -251,7 +251,7 @@ def test_quickstart_reverse_package_learns_as_written(tmp_path: Path) -> None:
     (pkg / "my_envs" / "__init__.py").write_text("")
     (pkg / "my_envs" / "reverse.py").write_text(block(doc, "python", "# my_envs/reverse.py"))
     (pkg / "pyproject.toml").write_text(block(doc, "toml", "# pyproject.toml"))
-    assert command(doc, "pip install") == ["pip", "install", "-e", "."]  # what package_env does, from pkg/
+    assert command(doc, "pip install -e") == ["pip", "install", "-e", "."]  # what package_env does, from pkg/
     python = package_env(tmp_path, pkg)
     run_command(command(doc, "python -c"), tmp_path, python=python, cwd=tmp_path)
     probe = ("from areal_agents.registry import datasets; d = datasets.get('reverse'); "
