@@ -18,6 +18,8 @@ starts from it: the run's own warm start would train the first reply only.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import sys
@@ -232,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ["run", *(sys.argv[1:] if argv is None else argv)]
     register()
     try:
-        cfg = load_args_config(build_parser().parse_args(args))
-    except (Exception, SystemExit):  # a mistake in the arguments: `areal-agents run` reports it in one line
+        with contextlib.redirect_stderr(io.StringIO()):
+            cfg = load_args_config(build_parser().parse_args(args))
+    except (Exception, SystemExit):  # a mistake in the arguments: `areal-agents run` reports it, once
         return cli_main(args)
     if cfg.actor.path is None and cfg.agent.name == "sandbox-tool":
         args.append(f"actor.path={warm_start(cfg, progress=cfg.logging.progress)}")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -66,6 +68,16 @@ def test_reference_turns_show_what_the_sandbox_prints() -> None:
         assert after[:-1] == [*chat, {"role": "assistant", "content": call}]
         code = re.fullmatch(r"<python>(.*)</python>", call, re.S).group(1)
         assert after[-1] == {"role": "user", "content": agent.run_tool(code)}  # a real sandbox run prints that
+
+
+@pytest.mark.parametrize(("arg", "line"), [("actor.lr=-1", "error: actor.lr: must be > 0 (got -1.0)"),
+                                           ("--bogus", "areal-agents: error: unrecognized arguments: --bogus")])
+def test_script_reports_a_bad_argument_once(tmp_path: Path, arg: str, line: str) -> None:
+    proc = subprocess.run([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config",
+                           "examples/tool_agent/config.yaml", arg], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == line
+    assert proc.stderr.count(line) == 1 and not (tmp_path / "warm").exists()  # no warm start began
 
 
 @pytest.mark.slow  # the example as its README states it, shortened to 2 RL steps on 20 test rows
