@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROOT", "TINY", "metrics_rows", "package_env", "run_command", "train_steps"]
+__all__ = ["DOCS", "ROOT", "TINY", "metrics_rows", "package_env", "run_command", "train_steps"]
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# The user-facing docs: README.md, docs/*.md, examples/*/README.md (paths relative to ROOT).
+DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("README.md"))]
 
 # A couple of steps on the embedded server with the smallest warm start that still exercises it.
 TINY = [
@@ -23,16 +27,18 @@ TINY = [
 
 
 def run_command(cmd: list[str], tmp_path: Path, *, timeout: float = 240, python: str | None = None,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` from the repository root with a private model cache under ``tmp_path``.
+                env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` from ``cwd`` (default: the repository root) with a private model cache under ``tmp_path``.
 
-    ``cmd[0] == "areal-agents"`` runs the CLI with ``python`` (default: this interpreter).
-    Fails the test with the tail of the output when the exit code is not 0.
+    ``cmd[0] == "areal-agents"`` (or ``"python"``) runs the CLI (or that script) with ``python``
+    (default: this interpreter). Fails the test with the tail of the output when the exit code is not 0.
     """
     if cmd[0] == "areal-agents":
         cmd = [python or sys.executable, "-m", "areal_agents.cli", *cmd[1:]]
+    elif cmd[0] in ("python", "python3"):
+        cmd = [python or sys.executable, *cmd[1:]]
     full_env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), **(env or {})}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 

@@ -7,6 +7,8 @@ tests use; then `areal-agents run --env sort-digits` trains it from that environ
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,6 +54,9 @@ def test_entry_points_register_env_reward_dataset(venv_python: str) -> None:
     prompt, rest = step_line.split(" -> ")
     digits = prompt.removeprefix("sort ").split()
     assert rest == " ".join(sorted(digits)) + " (1.0, True)"
+    listed = subprocess.run([venv_python, "-m", "areal_agents.cli", "list", "envs"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert re.search(r"sort-digits\W+sort_digits_env\.env:SortDigitsEnv", listed), listed  # as the README says
     # the interpreter the other tests run in never saw the package
     assert "sort-digits" not in subprocess.run([sys.executable, "-m", "areal_agents.cli", "list", "envs"],
                                                capture_output=True, text=True, timeout=60).stdout

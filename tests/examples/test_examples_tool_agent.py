@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from examples_support import ROOT, TINY, run_command, train_steps
+from examples_support import ROOT, metrics_rows, run_command
 
 from areal_agents import make_env
+from areal_agents.data import arithmetic_dataset
 from areal_agents.testing import ScriptedLLM
 
 ROW = {"prompt": "37*45=?", "answer": "1665", "expression": "37*45"}
@@ -53,13 +58,41 @@ def test_agent_rejects_bad_arguments(bad: dict[str, float]) -> None:
         _load().SandboxToolAgent(**bad)
 
 
-@pytest.mark.slow  # the agent itself is covered above; this is the end-to-end registration through the CLI
-def test_script_registers_and_trains_with_the_agent(tmp_path: Path) -> None:
+def test_reference_turns_show_what_the_sandbox_prints() -> None:
+    module = _load()
+    agent, env = module.SandboxToolAgent(max_tool_calls=2), make_env("python-tool")
+    rows = arithmetic_dataset("train", size=3, ops=["*"], template="{a}{op}{b}=?")
+    for row in rows:
+        (chat, call), (after, answer) = module.reference_turns(env, agent, row)
+        assert chat == [{"role": "user", "content": row["prompt"] + env.hint}] and answer == row["answer"]
+        assert after[:-1] == [*chat, {"role": "assistant", "content": call}]
+        code = re.fullmatch(r"<python>(.*)</python>", call, re.S).group(1)
+        assert after[-1] == {"role": "user", "content": agent.run_tool(code)}  # a real sandbox run prints that
+
+
+@pytest.mark.parametrize(("arg", "line"), [("actor.lr=-1", "error: actor.lr: must be > 0 (got -1.0)"),
+                                           ("--bogus", "areal-agents: error: unrecognized arguments: --bogus")])
+def test_script_reports_a_bad_argument_once(tmp_path: Path, arg: str, line: str) -> None:
+    proc = subprocess.run([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config",
+                           "examples/tool_agent/config.yaml", arg], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == line
+    assert proc.stderr.count(line) == 1 and not (tmp_path / "warm").exists()  # no warm start began
+
+
+@pytest.mark.slow  # the example as its README states it, shortened to 2 RL steps on 20 test rows
+def test_warm_start_teaches_the_tool_call_and_the_answer(tmp_path: Path) -> None:
     run_command([sys.executable, "examples/tool_agent/sandbox_agent.py", "--config", "examples/tool_agent/config.yaml",
-                 *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path)
+                 "trainer.total_steps=2", "data.test_size=20", "eval.n=20", "logging.progress=false",
+                 f"output_dir={tmp_path / 'runs'}"], tmp_path, timeout=900)
     run_dir = tmp_path / "runs" / "tool-agent" / "sandbox-tool"
-    assert "name: sandbox-tool" in (run_dir / "config.yaml").read_text()
-    steps = train_steps(run_dir)
+    assert "name: sandbox-tool" in (run_dir / "config.yaml").read_text()  # the script registered and selected it
+    report = json.loads(next((tmp_path / "cache" / "warm").glob("python-tool-sandbox-tool-*/sft_report.json")).read_text())
+    assert report["stopped_early"] and report["evals"][-1]["acc"] >= 0.8  # both turns of 80% of the test rows
+    rows = metrics_rows(run_dir)
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    assert evals[0] >= 0.6, evals  # served through the agent, with real sandbox runs
+    steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2] and steps[-1]["version"] == 2
     assert all(r["rollout/failed"] == 0 for r in steps)
-
+    assert sum(r["rollout/reward"] for r in steps) > 0  # (the format was never learned before: reward 0 throughout)

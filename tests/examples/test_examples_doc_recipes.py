@@ -1,0 +1,270 @@
+"""Every recipe of README.md, docs/*.md and examples/*/README.md runs as written.
+
+The code blocks are read from the markdown files themselves, so a doc edit is what is tested.
+Each command line of a bash block and each python block is listed in ``COMMANDS`` /
+``PYTHON_BLOCKS`` with where it is run: here, by a named test elsewhere, or (installs, GPU
+machines, placeholders) why not. A command added to a doc without a place there fails
+``test_every_recipe_is_accounted_for``. Commands run here are shortened only through
+documented ``key=value`` overrides (output and logging switches), and each test checks what its
+doc says comes out: files, printed values, a learning gain.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from examples_support import DOCS, ROOT, TINY, metrics_rows, package_env, run_command, train_steps
+
+from areal_agents.config_loader import load_config
+
+QUIET = ["logging.progress=false", "logging.tensorboard=false", "logging.plots=false"]
+_HERE = "tests/examples/test_examples_doc_recipes.py"
+_INSTALL = "install command (the suite runs inside the installed checkout)"
+_DEFAULT_RUN = "the default run (7 min): README's figures come from it; its config is the dataclass defaults"
+
+# doc -> command (its shell words joined by spaces) -> "<test file>::<test name>" that runs or checks it, or "not run: <why>"
+COMMANDS: dict[str, dict[str, str]] = {
+    "README.md": {
+        'pip install torch==2.13.0 -e . && areal-agents run --env math': f"not run: {_DEFAULT_RUN}",
+        'pip install torch==2.13.0 -e .[dev] && python3 -m pytest -q': "not run: the test suite itself (.ci/run)",
+    },
+    "docs/deployment.md": {
+        "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
+        "areal-agents run --env math": f"not run: {_DEFAULT_RUN}",
+        "pip install -e .[sglang-client]": f"not run: {_INSTALL}",
+        "pip install --no-deps sglang==0.5.23": f"not run: {_INSTALL}",
+        "pip install -e .[sglang]": f"not run: {_INSTALL}",
+        "areal-agents run --env math actor.path=/models/Qwen2.5-1.5B-Instruct inference.backend=sglang "
+        "actor.dtype=bfloat16 trainer.device=cuda sglang.mem_fraction_static=0.4":
+            f"{_HERE}::test_gpu_and_remote_commands_are_valid_configs",
+        "python -m sglang.launch_server --model-path /models/Qwen2.5-7B-Instruct --port 30000 --host 0.0.0.0":
+            "not run: SGLang's own server, on a GPU machine",
+        "areal-agents serve --model /models/my-model --port 30001":
+            "tests/inference/test_inference_launcher.py::test_serve_command_line",
+        "areal-agents run --config my.yaml inference.backend=remote "
+        "inference.addresses=[gpu-node-1:30000,gpu-node-2:30000]":
+            f"{_HERE}::test_gpu_and_remote_commands_are_valid_configs",
+        "python -m torch.distributed.run --standalone --nproc-per-node=4 -m <module> ...":
+            "not run: a template (<module>); torchrun ranks: tests/e2e/test_e2e_run.py",
+        "python -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
+        "--rdzv-endpoint=node0:29500 -m <module> ...": "not run: a template for two nodes",
+    },
+    "docs/quickstart.md": {
+        "pip install torch==2.13.0 -e .[dev]": f"not run: {_INSTALL}",
+        "areal-agents list": f"{_HERE}::test_quickstart_list_names_every_registry",
+        "areal-agents run --env math": f"not run: {_DEFAULT_RUN}",
+        "areal-agents run --env math trainer.total_steps=3 rollout.batch_size=4 rollout.group_size=4 eval.n=20 "
+        "sft.warm_start_steps=50 experiment_name=smoke": f"{_HERE}::test_quickstart_smoke_run_writes_the_listed_outputs",
+        "areal-agents run --config my.yaml algorithm.name=rloo rollout.max_head_offpolicyness=0 actor.lr=3e-4":
+            "tests/examples/test_examples_docs.py::test_quickstart_config_file_is_shown_and_loads",
+        "areal-agents config check --config my.yaml":
+            "tests/examples/test_examples_docs.py::test_quickstart_config_file_is_shown_and_loads",
+        "pip install -e .": f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+        "python -c from areal_agents import check_env, make_env; check_env(make_env('reverse'))":
+            f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+        "areal-agents run --env reverse sft.warm_start_steps=200 trainer.total_steps=40":
+            f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+    },
+    "docs/reliability.md": {
+        "pytest tests/reliability -m not slow": "not run: the tests themselves",
+        "pytest tests/reliability -m slow": "not run: the tests themselves",
+    },
+    "examples/custom_algorithm/README.md": {
+        "python examples/custom_algorithm/median_grpo.py --config examples/custom_algorithm/config.yaml":
+            "tests/examples/test_examples_custom_algorithm.py::test_script_trains_with_the_new_estimator",
+        "python examples/custom_algorithm/median_grpo.py --config examples/custom_algorithm/config.yaml "
+        "trainer.total_steps=5 algorithm.adv_eps=0.1":
+            "tests/examples/test_examples_custom_algorithm.py::test_registration_applies_the_spec_defaults",
+    },
+    "examples/custom_env/README.md": {
+        "pip install -e examples/custom_env/pkg": "tests/examples/test_examples_custom_env.py::venv_python",
+        "areal-agents list envs": "tests/examples/test_examples_custom_env.py::test_entry_points_register_env_reward_dataset",
+        "areal-agents run --env sort-digits": "tests/examples/test_examples_custom_env.py::test_run_trains_the_plugin_env",
+        "areal-agents run --config examples/custom_env/config.yaml":
+            "tests/examples/test_examples_custom_env.py::test_run_trains_the_plugin_env",
+        "pip uninstall areal-agents-sort-digits": "tests/examples/test_examples_custom_env.py::venv_python",
+    },
+    "examples/gsm8k_grpo/README.md": {
+        "areal-agents run --config examples/gsm8k_grpo/cpu_smoke.yaml":
+            "tests/examples/test_examples_gsm8k.py::test_cpu_smoke_config_trains_on_the_shipped_data",
+        "pip install -e .[sglang]": f"not run: {_INSTALL}",
+        "areal-agents run --config examples/gsm8k_grpo/gpu.yaml actor.path=/models/Qwen2.5-1.5B-Instruct "
+        "data.path=/data/gsm8k/{split}.jsonl":
+            "tests/examples/test_examples_gsm8k.py::test_gpu_config_validates_apart_from_the_sglang_install",
+    },
+    "examples/multi_turn_math/README.md": {
+        "python examples/multi_turn_math/compare.py":
+            "tests/examples/test_examples_multi_turn.py::test_compare_runs_both_credit_modes",
+        "python examples/multi_turn_math/compare.py trainer.total_steps=5 sft.warm_start_steps=50":
+            "tests/examples/test_examples_multi_turn.py::test_compare_runs_both_credit_modes",
+        "areal-agents run --config examples/multi_turn_math/config.yaml algorithm.credit=turn":
+            "tests/examples/test_examples_multi_turn.py::test_compare_runs_both_credit_modes",
+    },
+    "examples/tool_agent/README.md": {
+        "python examples/tool_agent/sandbox_agent.py --config examples/tool_agent/config.yaml":
+            "tests/examples/test_examples_tool_agent.py::test_warm_start_teaches_the_tool_call_and_the_answer",
+        "python examples/tool_agent/sandbox_agent.py --config examples/tool_agent/config.yaml trainer.total_steps=5":
+            "tests/examples/test_examples_tool_agent.py::test_warm_start_teaches_the_tool_call_and_the_answer",
+    },
+}
+
+# doc -> first line of a python block -> where it runs, or "not run: <why>"
+PYTHON_BLOCKS: dict[str, dict[str, str]] = {
+    "README.md": {"from areal_agents import Env, register_env, register_reward":
+                  f"{_HERE}::test_readme_env_trains_through_imports"},
+    "docs/quickstart.md": {"# my_envs/reverse.py": f"{_HERE}::test_quickstart_reverse_package_learns_as_written"},
+    "docs/custom_env.md": {"import asyncio": "tests/sdk/test_sdk_docs.py::test_custom_env_example_runs_verbatim"},
+    "docs/customize.md": {
+        "def my_reward(completion: str, *, answer: str = \"\", **row) -> float: ...": "not run: a signature",
+        "def my_dataset(split: str = \"train\", *, size: int | None = None, **kwargs) -> list[dict]: ...":
+            "not run: a signature",
+        "from areal_agents import Agent, Trajectory, checked_step":
+            "tests/examples/test_examples_docs.py::test_customize_train_script_with_its_agent_trains_as_written",
+        "from algorithms.specs import AlgorithmSpec": "not run: a sketch (the estimator's body is `...`); "
+                                                      "examples/custom_algorithm is the runnable one",
+        "# train.py": "tests/examples/test_examples_docs.py::test_customize_train_script_with_its_agent_trains_as_written",
+    },
+    "docs/algorithms.md": {"# my_algo.py — import it before load_config (e.g. from your launcher script)":
+                           f"{_HERE}::test_algorithms_doc_registration_applies_its_defaults"},
+    "docs/concepts.md": {
+        "obs, info = env.reset(seed=seed, options=row)          # obs: str or [{\"role\", \"content\"}, ...]":
+            "not run: a fragment (names defined around it)",
+        "class Agent:": "not run: a signature",
+    },
+    "docs/rollout.md": {"from areal_agents.rollout import RolloutExecutor": "not run: a fragment (cfg, train, ...)"},
+    "docs/trainer.md": {"engine = TrainEngine(cfg, model_path)              # critic=None asks the algorithm spec":
+                        "not run: a fragment (cfg, batch, ...)"},
+}
+
+
+def blocks(doc: str, lang: str) -> list[str]:
+    """The fenced ```lang blocks of ``doc``, in order."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", (ROOT / doc).read_text(encoding="utf-8"), re.S | re.M)
+
+
+def block(doc: str, lang: str, first_line: str) -> str:
+    """The one ```lang block of ``doc`` whose first line is ``first_line``."""
+    found = [b for b in blocks(doc, lang) if b.splitlines()[0] == first_line]
+    assert len(found) == 1, f"{doc}: {len(found)} {lang} blocks start with {first_line!r}"
+    return found[0]
+
+
+def commands(doc: str) -> list[list[str]]:
+    """The command lines of ``doc``'s bash blocks as shell words (continuations joined, comments dropped)."""
+    lines = [line for text in blocks(doc, "bash") for line in text.replace("\\\n", " ").splitlines()]
+    return [words for words in (shlex.split(line, comments=True) for line in lines) if words]
+
+
+def command(doc: str, start: str) -> list[str]:
+    """The one command of ``doc`` whose words joined by spaces start with ``start``."""
+    found = [c for c in commands(doc) if " ".join(c).startswith(start)]
+    assert len(found) == 1, f"{doc}: {len(found)} commands start with {start!r}"
+    return found[0]
+
+
+def test_every_recipe_is_accounted_for() -> None:
+    found = {doc: {" ".join(c) for c in commands(doc)} for doc in DOCS}
+    listed = {doc: set(COMMANDS.get(doc, {})) for doc in DOCS}
+    assert {d: c - listed[d] for d, c in found.items() if c - listed[d]} == {}, "commands without a place in COMMANDS"
+    assert {d: c - found[d] for d, c in listed.items() if c - found[d]} == {}, "COMMANDS lists what no doc says"
+    firsts = {doc: {b.splitlines()[0] for b in blocks(doc, "python")} for doc in DOCS}
+    py_listed = {doc: set(PYTHON_BLOCKS.get(doc, {})) for doc in DOCS}
+    assert {d: f - py_listed[d] for d, f in firsts.items() if f - py_listed[d]} == {}, "python blocks without a place"
+    assert {d: f - firsts[d] for d, f in py_listed.items() if f - firsts[d]} == {}, "PYTHON_BLOCKS lists what no doc has"
+    for where in [w for table in (COMMANDS, PYTHON_BLOCKS) for doc in table.values() for w in doc.values()]:
+        if where.startswith("not run: "):
+            continue
+        path, name = where.split("::")
+        assert re.search(rf"^(def|async def) {name}\(", (ROOT / path).read_text(), re.M), where
+
+
+def test_gpu_and_remote_commands_are_valid_configs(tmp_path: Path) -> None:
+    (tmp_path / "my.yaml").write_text(block("docs/quickstart.md", "yaml", "# my.yaml"))
+    for start in ("areal-agents run --env math actor.path=", "areal-agents run --config my.yaml inference.backend="):
+        args = command("docs/deployment.md", start)
+        proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "config", "check", *args[2:]], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        if "inference.backend=sglang" in args and proc.returncode:  # SGLang is a GPU install: one clear line
+            assert proc.stderr.strip().splitlines() == [
+                "error: inference.backend: backend 'sglang' needs sglang >= 0.4.9.post2: pip install 'areal-agents[sglang]'"]
+            args = [a if a != "inference.backend=sglang" else "inference.backend=embedded" for a in args]
+            cfg = load_config(None, ["env.name=math", *args[4:]])  # every other key of the command is valid
+            assert (cfg.actor.dtype, cfg.trainer.device, cfg.sglang.mem_fraction_static) == ("bfloat16", "cuda", 0.4)
+        else:
+            assert proc.returncode == 0, proc.stderr
+            assert "gpu-node-2:30000" in proc.stdout or "sglang" in proc.stdout
+
+
+def test_quickstart_list_names_every_registry(tmp_path: Path) -> None:
+    out = run_command(command("docs/quickstart.md", "areal-agents list"), tmp_path).stdout
+    for kind, name in [("envs", "math"), ("agents", "chat"), ("datasets", "arithmetic"), ("rewards", "math"),
+                       ("algorithms", "grpo")]:
+        assert kind in out and name in out, (kind, name)
+
+
+def test_algorithms_doc_registration_applies_its_defaults(tmp_path: Path) -> None:
+    first = "# my_algo.py — import it before load_config (e.g. from your launcher script)"
+    (tmp_path / "my_algo.py").write_text(block("docs/algorithms.md", "python", first))
+    code = ("import my_algo; from areal_agents.config_loader import load_config; "
+            "c = load_config(None, ['algorithm.name=reinforce-rebn']).algorithm; print(c.rebn, c.credit)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "turn"], proc.stderr
+
+
+@pytest.mark.slow
+def test_readme_env_trains_through_imports(tmp_path: Path) -> None:
+    (tmp_path / "my_env.py").write_text(block("README.md", "python", "from areal_agents import Env, register_env, "
+                                                                       "register_reward"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    cmd = shlex.split(re.search(r"train it with `(areal-agents run --env shout [^`]+)`", readme).group(1))
+    run_command([*cmd, *TINY], tmp_path, cwd=tmp_path)
+    steps = train_steps(tmp_path / "runs" / "shout" / "trial")
+    assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
+    assert "Say hello loudly." in (tmp_path / "runs" / "shout" / "trial" / "samples.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_quickstart_smoke_run_writes_the_listed_outputs(tmp_path: Path) -> None:
+    cmd = command("docs/quickstart.md", "areal-agents run --env math trainer.total_steps=3")
+    run_command([*cmd, "logging.progress=false"], tmp_path, cwd=tmp_path, timeout=600)
+    run_dir = tmp_path / "runs" / "smoke" / "trial"  # runs/<experiment_name>/<trial_name>/
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
+    assert [r["eval/n"] for r in rows if "eval/accuracy" in r] == [20, 20]  # before and after
+    for name in ("config.yaml", "samples.jsonl", "final/config.json", "final/model.safetensors"):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "plots").glob("*.png")) and list((run_dir / "tensorboard").iterdir())
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())  # ends before one
+
+
+@pytest.mark.slow
+def test_quickstart_reverse_package_learns_as_written(tmp_path: Path) -> None:
+    doc = "docs/quickstart.md"
+    pkg = tmp_path / "pkg"
+    (pkg / "my_envs").mkdir(parents=True)
+    (pkg / "my_envs" / "__init__.py").write_text("")
+    (pkg / "my_envs" / "reverse.py").write_text(block(doc, "python", "# my_envs/reverse.py"))
+    (pkg / "pyproject.toml").write_text(block(doc, "toml", "# pyproject.toml"))
+    assert command(doc, "pip install -e") == ["pip", "install", "-e", "."]  # what package_env does, from pkg/
+    python = package_env(tmp_path, pkg)
+    run_command(command(doc, "python -c"), tmp_path, python=python, cwd=tmp_path)
+    probe = ("from areal_agents.registry import datasets; d = datasets.get('reverse'); "
+             "tr, te = d('train', size=20000), d('test', size=500); "
+             "print(len({r['prompt'] for r in tr} & {r['prompt'] for r in te}), len({r['prompt'] for r in te}), "
+             "set(''.join(r['prompt'][8:] for r in te)) <= set(''.join(r['prompt'][8:] for r in tr)))")
+    assert run_command([python, "-c", probe], tmp_path).stdout.split() == ["0", "500", "True"]
+    run_command([*command(doc, "areal-agents run --env reverse"), *QUIET], tmp_path, python=python, cwd=tmp_path,
+                timeout=900)
+    evals = [r["eval/accuracy"] for r in metrics_rows(tmp_path / "runs" / "reverse" / "trial") if "eval/accuracy" in r]
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    start = float(re.search(r"greedy accuracy on the 500 test strings went from (0\.\d+)", text).group(1))
+    assert abs(evals[0] - start) <= 0.1, evals  # the warm start lands where the doc says
+    assert evals[-1] >= evals[0] + 0.02, evals  # and RL gains, as the doc says
+    report = json.loads(next((tmp_path / "cache" / "warm").glob("reverse-*/sft_report.json")).read_text())
+    assert report["reached"] and report["steps"] <= 200
