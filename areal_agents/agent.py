@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from areal_agents.types import Trajectory
+from areal_agents.types import Trajectory, check_turn_discount
 
 if TYPE_CHECKING:
     from areal_agents.env import Env, Observation
@@ -121,7 +121,7 @@ class ChatAgent(Agent):
     reported by the env (``info["reward_status"]``) sets ``reward_error``/``timeout``; a
     generation aborted by the server sets ``aborted``. The env's ``info["success"]`` is kept;
     when the env ends the episode without one it stays unset (evaluation then counts a positive
-    return as solved, :func:`~areal_agents.episodes.episode_solved`), and an episode the agent
+    return as solved, :func:`~areal_agents.rollout.episode.episode_solved`), and an episode the agent
     cuts short (turn or token budget, abort, env error) gets ``success=False`` unless the env
     reported one.
     """
@@ -138,12 +138,10 @@ class ChatAgent(Agent):
             raise ValueError(f"ChatAgent: max_turns must be >= 1 (got {max_turns})")
         if max_tokens < 1:
             raise ValueError(f"ChatAgent: max_tokens must be >= 1 (got {max_tokens})")
-        if not 0.0 < turn_discount <= 1.0:
-            raise ValueError(f"ChatAgent: turn_discount must be in (0, 1] (got {turn_discount})")
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.system_prompt = system_prompt
-        self.turn_discount = turn_discount
+        self.turn_discount = check_turn_discount(turn_discount)
         self.sampling = dict(sampling or {})
 
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:

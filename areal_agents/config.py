@@ -245,6 +245,8 @@ class RolloutConfig:
             "max_concurrent_rollouts",
             f"must be >= group_size={self.group_size} (a group is launched as a whole; got {self.max_concurrent_rollouts})",
         )
+        _check(self.group_filter != "nonzero_std" or self.group_size >= 2, "group_filter",
+               "nonzero_std needs rollout.group_size >= 2")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
-from areal_agents._loop_thread import LoopThread
+from areal_agents.loop_thread import LoopThread
 
 __all__ = ["Env", "EnvCheckError", "EnvCheckWarning", "Observation", "TextSpace", "check_env", "make_env", "run_in_thread"]
 

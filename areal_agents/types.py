@@ -8,9 +8,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["STATUSES", "Trajectory", "discounted_returns"]
+__all__ = ["STATUSES", "Trajectory", "check_turn_discount", "discounted_returns"]
 
 STATUSES = ("ok", "env_error", "agent_error", "reward_error", "timeout", "aborted", "server_error")
+
+
+def check_turn_discount(gamma: float) -> float:
+    """``gamma`` when it is a valid turn discount γ ∈ (0, 1]; else ``ValueError``."""
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"turn_discount must be in (0, 1] (got {gamma})")
+    return gamma
 
 
 def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> tuple[float, list[float]]:
@@ -19,8 +26,7 @@ def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> tuple[flo
     >>> discounted_returns([0.0, 1.0], 0.5)
     (0.5, [0.5, 1.0])
     """
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"turn_discount must be in (0, 1] (got {gamma})")
+    check_turn_discount(gamma)
     returns: list[float] = []
     g = 0.0
     for r in reversed(list(turn_rewards)):

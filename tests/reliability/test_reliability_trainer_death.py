@@ -186,8 +186,8 @@ def test_checkpoint_on_a_full_disk_fails_cleanly(model_dir: Path, tiny_fs: Path)
 
 @pytest.mark.parametrize("tiny_fs", ["64k"], indirect=True)
 def test_rollout_jsonl_on_a_full_disk_keeps_a_valid_prefix(tiny_fs: Path) -> None:
-    from areal_agents.rollout import write_rollouts
     from areal_agents.types import Trajectory
+    from trainers.rollout_only import write_rollouts
 
     out = tiny_fs / "rollouts.jsonl"
     ex = make_executor()

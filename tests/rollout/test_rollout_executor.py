@@ -17,8 +17,9 @@ import pytest
 from rollout_support import other_threads, threads_drained
 
 from areal_agents.config import RolloutConfig
-from areal_agents.rollout import RolloutExecutor, write_rollouts
+from areal_agents.rollout import RolloutExecutor
 from areal_agents.types import Trajectory
+from trainers.rollout_only import write_rollouts
 
 ROWS = [{"question": f"{i}+{i}", "answer": str(2 * i)} for i in range(12)]
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_agents._groups import Ledger, RowFeeder, nonzero_std
+from areal_agents.rollout.groups import Ledger, RowFeeder, nonzero_std
 from areal_agents.types import Trajectory
 
 

@@ -29,8 +29,9 @@ from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.inference.llm_client import ClientLLM
 from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.rewards import RewardRunner, default_runner
-from areal_agents.rollout import RolloutExecutor, make_episode_fn, write_rollouts
+from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.types import Trajectory
+from trainers.rollout_only import write_rollouts
 
 
 def corpus(n: int = 200) -> Iterator[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from areal_agents import ChatAgent, Env, check_env
 from areal_agents.env import EnvCheckError, EnvCheckWarning
-from areal_agents.episodes import episode_solved
+from areal_agents.rollout.episode import episode_solved
 from areal_agents.testing import ScriptedLLM
 
 # -- valid, minimal ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Bookkeeping for the rollout executor: the dataset feeder, episode groups and their filters.
+"""Group feeding for the rollout executor: the dataset feeder, episode groups, their filters and counters.
 
-Private to :mod:`areal_agents.rollout`; nothing here touches the event loop or threads.
+Nothing here touches the event loop or threads.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Any
 
 from areal_agents.types import Trajectory
 
-__all__ = ["Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "make_group_filter", "mean_std",
-           "nonzero_std"]
+__all__ = ["GROUP_FILTERS", "Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "mean_std", "nonzero_std"]
 
 GroupFilter = Callable[[list[Trajectory]], bool]
 """``keep(group) -> bool``: False drops the whole group (counted as ``filter``)."""
@@ -27,13 +26,8 @@ def nonzero_std(group: list[Trajectory]) -> bool:
     return bool(rewards) and max(rewards) - min(rewards) > 1e-9 * max(1.0, max(map(abs, rewards)))
 
 
-def make_group_filter(name: str) -> GroupFilter | None:
-    """The filter named by ``RolloutConfig.group_filter`` (``None`` keeps every group)."""
-    if name == "none":
-        return None
-    if name == "nonzero_std":
-        return nonzero_std
-    raise ValueError(f"rollout.group_filter: must be one of none, nonzero_std (got {name!r})")
+GROUP_FILTERS: dict[str, GroupFilter | None] = {"none": None, "nonzero_std": nonzero_std}
+"""The filters ``RolloutConfig.group_filter`` names (``None`` keeps every group)."""
 
 
 class RowFeeder:

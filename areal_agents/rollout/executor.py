@@ -4,20 +4,11 @@
 (normally env + agent + LLM client, see :func:`make_episode_fn`) in an asyncio loop on its own
 thread, ``group_size`` episodes per dataset row, and hands finished groups to the trainer.
 
-**Staleness control** (as in AReaL-lite). With ``B = batch_size · group_size`` episodes per
-training batch, η = ``max_head_offpolicyness`` and ``v`` the current weight version, a group
-is launched only while ``group_size`` episodes fit into
-
-    capacity = min(max_concurrent_rollouts − running,
-                   (η + v + 1)·B − (accepted + in_flight))
-
-where ``accepted`` counts the episodes of groups handed out or waiting in the ready queue and
-``in_flight`` those of launched, unfinished groups (both in whole groups). On top of this, a
-group that started at version ``s < v − η`` can never be consumed: when ``set_version(v)``
-makes it so, its running episodes are cancelled and it is dropped (``stale``), and batches
-are checked again when they are taken. Hence the guarantee: **every trajectory in a batch
-taken at version t started at version ≥ t − η**. With η = 0 the executor is synchronous: it
-generates exactly one batch with the current weights and waits for the next version.
+**Staleness control**: groups are launched as :mod:`areal_agents.rollout.staleness` allows;
+when ``set_version(v)`` makes a running group stale its episodes are cancelled and it is dropped
+(``stale``), and ready batches are checked again when they are taken, so every trajectory in a
+batch taken at version t started at version ≥ t − η. Each episode runs under
+:func:`~areal_agents.rollout.episode.with_deadline` (``rollout.episode_timeout``).
 
 **Accounting.** Every submitted episode ends in exactly one counter, so at any time
 ``submitted == accepted + failed + dropped + in_flight`` (:meth:`counts`):
@@ -36,33 +27,42 @@ generates exactly one batch with the current weights and waits for the next vers
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import heapq
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
-from areal_agents._episode import EpisodeFn, make_episode_fn, write_rollouts
 from areal_agents._failures import EpisodesFailed, failure_message
-from areal_agents._groups import (
-    Group,
-    GroupFilter,
-    Ledger,
-    RowFeeder,
-    batch_metrics,
-    make_group_filter,
-    nonzero_std,
-)
-from areal_agents._loop_thread import LoopThread
-from areal_agents._scheduling import SchedulerMixin
 from areal_agents.config import RolloutConfig
-from areal_agents.types import Trajectory
+from areal_agents.loop_thread import LoopThread
+from areal_agents.rollout.episode import EpisodeFn, episode_outcome, with_deadline
+from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
+from areal_agents.rollout.staleness import StalenessBound
+from areal_agents.types import Trajectory, check_turn_discount
 
-__all__ = ["EpisodeFn", "EpisodesFailed", "RolloutExecutor", "make_episode_fn", "write_rollouts"]
+__all__ = ["RolloutExecutor"]
+
+log = logging.getLogger("areal_agents.rollout")
 
 
-class RolloutExecutor(SchedulerMixin):
+class _Episode:
+    """One running episode: its task, and why it was cancelled, if it was."""
+
+    __slots__ = ("group", "k", "task", "reason")
+
+    def __init__(self, group: Group, k: int) -> None:
+        self.group, self.k = group, k
+        self.task: asyncio.Future[Any] | None = None
+        self.reason = ""  # "stale" | "shutdown" once cancelled
+
+
+class RolloutExecutor:
     """Runs episode groups asynchronously and returns training batches (see the module doc).
 
     ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when
@@ -92,27 +92,18 @@ class RolloutExecutor(SchedulerMixin):
         max_failed_streak: int = 32,
         name: str = "rollout",
     ) -> None:
-        if cfg.group_size > cfg.max_concurrent_rollouts:
-            raise ValueError(f"rollout.max_concurrent_rollouts ({cfg.max_concurrent_rollouts}) must be >= "
-                             f"rollout.group_size ({cfg.group_size}): a group is launched as a whole")
-        if cfg.episode_timeout <= 0:
-            raise ValueError(f"rollout.episode_timeout must be > 0 (got {cfg.episode_timeout})")
-        if turn_discount is not None and not 0.0 < turn_discount <= 1.0:
-            raise ValueError(f"turn_discount must be in (0, 1] (got {turn_discount})")
-        self.cfg = cfg
+        self.cfg = cfg  # validated by RolloutConfig itself
         self.name = name
-        self._bounded = bounded_staleness
+        self._bound = StalenessBound(cfg.max_head_offpolicyness, cfg.batch_size * cfg.group_size,
+                                     cfg.max_concurrent_rollouts, bounded_staleness)
         self._episode_fn = episode_fn
         self._feeder = RowFeeder(rows, seed=seed, shuffle=shuffle)
         self._seed = int(seed)
-        self._turn_discount = turn_discount
-        self._filter = group_filter if group_filter is not None else make_group_filter(cfg.group_filter)
-        if self._filter is not None and group_filter is None and cfg.group_size < 2:
-            raise ValueError("rollout.group_filter=nonzero_std needs rollout.group_size >= 2")
+        self._turn_discount = None if turn_discount is None else check_turn_discount(turn_discount)
+        self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
         self._on_shutdown = list(on_shutdown)
         self._max_failed_streak = max_failed_streak
         self._G = cfg.group_size
-        self._B = cfg.batch_size * cfg.group_size
         self._cond = threading.Condition(threading.RLock())  # reentrant: state_dict() from a signal handler
         self._thread: LoopThread | None = None
         self._state = "new"  # new -> running -> closing -> closed
@@ -230,12 +221,12 @@ class RolloutExecutor(SchedulerMixin):
     @property
     def bounded_staleness(self) -> bool:
         """Whether the η bound limits launches (False: only ``max_concurrent_rollouts`` does)."""
-        return self._bounded
+        return self._bound.bounded
 
     @bounded_staleness.setter
     def bounded_staleness(self, value: bool) -> None:
         with self._cond:
-            self._bounded = bool(value)
+            self._bound = replace(self._bound, bounded=bool(value))
         self._kick()
 
     # ------------------------------------------------------------------ consuming
@@ -353,3 +344,149 @@ class RolloutExecutor(SchedulerMixin):
                 g = self._new_group_locked(self._feeder.row_at((epoch, index)), (epoch, index), serial)
                 self._pending.append(g)
                 self._ledger.submitted += g.size
+
+    # ------------------------------------------------------------------ event-loop side
+    async def _aclose(self, grace: float) -> None:
+        with self._cond:
+            while self._pending:  # never launched: they end as aborted
+                self._ledger.fail_unlaunched(self._pending.popleft().size)
+            episodes = [ep for g in self._active.values() for ep in g.tasks]
+        for ep in episodes:
+            self._cancel(ep, "shutdown")
+        tasks = [ep.task for ep in episodes if ep.task is not None]
+        if tasks:
+            _, still = await asyncio.wait(tasks, timeout=grace)
+            if still:
+                log.warning("rollout: %d episodes ignored cancellation at shutdown", len(still))
+        await asyncio.sleep(0)  # let the done-callbacks of the cancelled episodes run
+        for hook in self._on_shutdown:
+            try:
+                await hook()
+            except Exception as exc:  # a failing cleanup must not stop the shutdown
+                log.warning("rollout: on_shutdown hook failed: %s: %s", type(exc).__name__, exc)
+
+    def _new_group_locked(self, row: dict[str, Any], key: tuple[int, int] | None, serial: int | None = None) -> Group:
+        if serial is None:
+            serial, self._serial = self._serial, self._serial + 1
+        seed = (self._seed * 1_000_003 + serial * self._G) % (2**31 - self._G)
+        return Group(serial=serial, group_id=f"{self.name}-{serial}", row=row, size=self._G, seed=seed, key=key)
+
+    def _kick(self) -> None:
+        """Ask the loop thread to launch what capacity allows (from any thread)."""
+        if self._thread is not None and self._state == "running":
+            self._thread.call_soon(self._launch)
+
+    def _capacity_locked(self) -> int:
+        started = (self._delivered_groups + len(self._active)) * self._G
+        return self._bound.capacity(self._version, self._running, started)
+
+    def _fail(self, exc: BaseException) -> None:
+        """A bug in the executor's own callbacks: make every waiter raise instead of hanging."""
+        log.error("rollout executor failed: %s: %s", type(exc).__name__, exc)
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+    def _launch(self) -> None:
+        """Launch whole groups while capacity allows (event-loop thread only)."""
+        try:
+            with self._cond:
+                while self._state == "running" and not self._paused and self._capacity_locked() >= self._G:
+                    if self._pending:
+                        g = self._pending.popleft()
+                    elif len(self._feeder):
+                        key, row = self._feeder.next()
+                        g = self._new_group_locked(row, key)
+                        self._ledger.submitted += g.size
+                    else:
+                        break
+                    self._start_group_locked(g)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _start_group_locked(self, g: Group) -> None:
+        assert self._thread is not None
+        loop = self._thread.loop
+        g.start_version = self._version
+        self._active[g.serial] = g
+        for k in range(g.size):
+            ep = _Episode(g, k)
+            try:
+                episode = self._episode_fn(dict(g.row), g.seed + k, f"{g.group_id}-{k}")
+                ep.task = asyncio.ensure_future(with_deadline(episode, self.cfg.episode_timeout), loop=loop)
+            except Exception as exc:  # episode_fn failed before returning an awaitable
+                ep.task = loop.create_future()
+                ep.task.set_exception(exc)
+            g.tasks.add(ep)
+            self._running += 1
+            ep.task.add_done_callback(functools.partial(self._on_done, ep))
+
+    @staticmethod
+    def _cancel(ep: _Episode, reason: str) -> None:
+        if ep.task is not None and not ep.task.done():
+            ep.reason = ep.reason or reason
+            ep.task.cancel()
+
+    # ------------------------------------------------------------------ completion
+    def _on_done(self, ep: _Episode, _task: object = None) -> None:
+        g = ep.group
+        assert ep.task is not None
+        try:
+            traj = episode_outcome(ep.task, ep.reason, self._turn_discount)
+            traj.group_id, traj.start_version = g.group_id, g.start_version
+            traj.info.setdefault("episode_id", f"{g.group_id}-{ep.k}")
+            traj.info.setdefault("seed", g.seed + ep.k)
+            with self._cond:
+                self._running -= 1
+                self._finished += 1
+                self._gen_tokens += traj.num_generated
+                g.tasks.discard(ep)
+                g.trajectories[ep.k] = traj
+                g.done += 1
+                if g.complete:
+                    self._resolve_locked(g)
+        except Exception as exc:  # e.g. a user group filter raising
+            self._fail(exc)
+            return
+        self._launch()
+
+    def _is_stale_locked(self, g: Group) -> bool:
+        return self._bound.is_stale(g.start_version, self._version)
+
+    def _resolve_locked(self, g: Group) -> None:
+        """Count a finished group's episodes and queue it for the trainer, or drop it."""
+        del self._active[g.serial]
+        members = g.members()
+        failed = [t for t in members if not t.ok]
+        reason = ""
+        if g.stale or self._is_stale_locked(g):
+            reason = "stale"
+        elif failed and self.cfg.failure_policy == "drop":
+            reason = "failed"
+        else:
+            for t in failed:  # failure_policy == "zero": keep, with no reward
+                t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
+            if self._filter is not None and not self._filter(members):
+                reason = "filter"
+        self._ledger.resolve(members, reason)
+        if not reason:
+            self._delivered_groups += 1
+            heapq.heappush(self._ready, (g.start_version, g.serial, g))
+        self._cond.notify_all()
+
+    def _drop_stale_ready_locked(self) -> int:
+        if not self._bound.bounded:
+            return 0
+        stale = [item for item in self._ready if self._is_stale_locked(item[2])]
+        if stale:
+            for item in stale:
+                self._ledger.unaccept(item[2].members(), "stale")
+            self._delivered_groups -= len(stale)
+            self._ready = [item for item in self._ready if not self._is_stale_locked(item[2])]
+            heapq.heapify(self._ready)
+        return len(stale)
+
+    def _cancel_groups(self, groups: list[Group]) -> None:
+        for g in groups:
+            for ep in list(g.tasks):
+                self._cancel(ep, "stale")

@@ -1,0 +1,259 @@
+"""One episode: the episode function, its deadline, its outcome, and its wiring from config.
+
+``EpisodeFn`` is ``async episode_fn(row, seed, episode_id) -> Trajectory``. :func:`make_episode_fn`
+builds the usual one (a fresh env, ``agent.run(env, llm)``, env closed, errors to statuses);
+:func:`build_episode_fn` builds it from an :class:`~areal_agents.config.ExperimentConfig` over
+the inference client (shared by the RL loop, rollout-only mode and ``areal-agents eval``);
+:func:`with_deadline` is the one episode deadline; :func:`evaluate` measures greedy accuracy
+and pass@k. No torch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from areal_agents._failures import EpisodesFailed, blame, describe, failure_message
+from areal_agents.config import ExperimentConfig
+from areal_agents.registry import agents, envs
+from areal_agents.types import Trajectory
+
+__all__ = ["EpisodeFn", "build_agent", "build_episode_fn", "classify_error", "env_factory", "episode_outcome",
+           "episode_solved", "evaluate", "make_episode_fn", "sampling_params", "with_deadline"]
+
+log = logging.getLogger("areal_agents.rollout")
+
+EpisodeFn = Callable[[dict[str, Any], int, str], Awaitable[Trajectory]]
+"""``async episode_fn(row, seed, episode_id) -> Trajectory``."""
+
+ABANDON_AFTER = 5.0
+"""Seconds an episode may ignore its cancellation before it is abandoned (at most its timeout)."""
+
+_SERVER_ERROR_MODULES = ("aiohttp", "httpx", "areal_agents.inference")
+
+
+def classify_error(exc: BaseException) -> str:
+    """Trajectory status for an exception escaping an episode.
+
+    Timeouts give ``timeout``; connection problems and errors raised by the HTTP client
+    libraries or the inference client give ``server_error``; anything else is the env's
+    fault, ``env_error`` (:func:`make_episode_fn` tells the env's and the agent's apart).
+    """
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return "timeout"
+    if isinstance(exc, ConnectionError):
+        return "server_error"
+    for cls in type(exc).__mro__:
+        if cls.__module__.startswith(_SERVER_ERROR_MODULES):
+            return "server_error"
+    return "env_error"
+
+
+def _failed(status: str, exc: BaseException | str) -> Trajectory:
+    msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return Trajectory(status=status, info={"error": msg})
+
+
+async def with_deadline(episode: Awaitable[Trajectory], timeout: float) -> Trajectory:
+    """Await ``episode`` for at most ``timeout`` seconds: the one episode deadline.
+
+    Past it the episode is cancelled (its ``finally`` blocks close the env) and becomes a
+    ``timeout`` trajectory; one that ignores its cancellation (a catch-all retry loop in an async
+    env) for ``min(5, timeout)`` s more is abandoned, so it cannot hold its group or its slot
+    forever. Cancelling the caller cancels the episode and waits as long for it.
+    """
+    task = asyncio.ensure_future(episode)
+    grace = min(ABANDON_AFTER, timeout)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if done:
+            return task.result()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=grace)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.wait({task}, timeout=grace)
+        raise
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a late error is not "never retrieved"
+    if done:
+        return _failed("timeout", f"episode exceeded {timeout} s")
+    log.warning("rollout: an episode ignored its cancellation after %s s; counted as a timeout", timeout)
+    return _failed("timeout", f"episode exceeded {timeout} s and ignored its cancellation")
+
+
+def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount: float | None) -> Trajectory:
+    """The trajectory of a finished episode task, whatever happened to it.
+
+    A cancelled task gives ``aborted``; an exception is classified by :func:`classify_error`;
+    an ``ok`` result that fails :meth:`Trajectory.validate` becomes ``agent_error``. With
+    ``turn_discount`` the return is recomputed from the per-turn rewards.
+    """
+    if task.cancelled():
+        return _failed("aborted", f"episode cancelled ({cancel_reason or 'cancelled'})")
+    exc = task.exception()
+    if exc is not None:
+        return _failed(classify_error(exc), exc)
+    traj = task.result()
+    if not isinstance(traj, Trajectory):
+        return _failed("env_error", f"episode_fn returned {type(traj).__name__}, not Trajectory")
+    if traj.ok:
+        try:
+            if turn_discount is not None and traj.turn_rewards:
+                traj.set_rewards(traj.turn_rewards, turn_discount)
+            traj.validate()
+        except ValueError as exc:  # the agent builds the trajectory
+            traj.status, traj.info["error"] = "agent_error", f"invalid trajectory: {exc}"
+    return traj
+
+
+def make_episode_fn(
+    env_factory: Callable[[], Any],
+    agent: Any,
+    llm_factory: Callable[[str], Any],
+    *,
+    episode_timeout: float | None = None,
+) -> EpisodeFn:
+    """``episode_fn(row, seed, episode_id)``: a fresh env, ``agent.run(env, llm)``, env closed.
+
+    ``agent.run(env, llm, row, seed=seed)`` resets the env with ``options=row`` and
+    ``seed`` and plays it; ``llm = llm_factory(episode_id)``. Exceptions never escape: they
+    become a :class:`Trajectory` with status ``env_error`` or ``agent_error`` (whose code
+    raised, with its file and line), ``server_error`` or ``timeout`` (after ``episode_timeout``
+    seconds, by :func:`with_deadline`; the executor applies its own ``rollout.episode_timeout``)
+    and the error text in ``info["error"]``. Cancellation propagates, after closing the env.
+    """
+    async def play(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
+        env = env_factory()
+        try:
+            llm = llm_factory(episode_id)
+            try:
+                traj = await agent.run(env, llm, row, seed=seed)
+            except Exception as exc:
+                status = classify_error(exc)
+                if status != "env_error":
+                    return _failed(status, exc)
+                return _failed(blame(exc, env, agent), describe(exc))
+        finally:
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
+        if not isinstance(traj, Trajectory):
+            return _failed("agent_error", f"{type(agent).__name__}.run returned {type(traj).__name__}, not Trajectory")
+        return traj
+
+    async def episode_fn(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
+        try:
+            if episode_timeout is None:
+                return await play(row, seed, episode_id)
+            return await with_deadline(play(row, seed, episode_id), episode_timeout)
+        except Exception as exc:
+            return _failed(classify_error(exc), exc)
+        except SystemExit as exc:  # an env calling sys.exit() must not stop the rollout event loop
+            return _failed("env_error", f"SystemExit({exc.code!r}) raised in the episode")
+
+    return episode_fn
+
+
+def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature: float | None = None) -> dict[str, Any]:
+    """SGLang ``sampling_params`` for one LLM turn."""
+    s = cfg.sampling
+    params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+                              "top_p": s.top_p, "top_k": s.top_k}
+    if s.stop:
+        params["stop"] = list(s.stop)
+    if temperature is not None:
+        params["temperature"] = temperature
+    if greedy:
+        params.update(temperature=0.0, top_p=1.0, top_k=-1)
+    return params
+
+
+def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
+    """A zero-argument constructor of the configured env."""
+    env_cls = envs.get(cfg.env.name)
+    kwargs = dict(cfg.env.kwargs)
+    return lambda: env_cls(**kwargs)
+
+
+def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
+    """The configured agent; the built-in ``ChatAgent`` gets the ``agent.*`` fields."""
+    agent_cls = agents.get(cfg.agent.name)
+    kwargs: dict[str, Any] = dict(
+        max_turns=cfg.agent.max_turns, max_tokens=cfg.agent.max_tokens, system_prompt=cfg.agent.system_prompt,
+        turn_discount=cfg.env.turn_discount, sampling=sampling,
+    )
+    kwargs.update(cfg.agent.kwargs)
+    return agent_cls(**kwargs)
+
+
+def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],
+                     episode_timeout: float | None = None) -> EpisodeFn:
+    """``episode_fn(row, seed, episode_id) -> Trajectory`` over the inference client.
+
+    ``episode_timeout`` is for episodes run outside a :class:`~areal_agents.rollout.RolloutExecutor`
+    (which times its episodes out itself).
+    """
+    from areal_agents.inference.llm_client import ClientLLM
+
+    agent = build_agent(cfg, sampling)
+
+    def llm_factory(episode_id: str) -> ClientLLM:
+        return ClientLLM(tokenizer, client, rid=episode_id, default_sampling=sampling)
+
+    return make_episode_fn(env_factory(cfg), agent, llm_factory, episode_timeout=episode_timeout)
+
+
+def episode_solved(traj: Trajectory) -> bool:
+    """Whether an episode counts as solved: it finished (``status == "ok"``) and its final
+    ``info["success"]`` is true, or, when the env reported none, its return is positive."""
+    if traj.status != "ok":
+        return False
+    success = traj.info.get("success")
+    return bool(success) if success is not None else traj.reward > 0
+
+
+async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Sequence[dict[str, Any]], *,
+                   k: int = 1, temperature: float = 1.0, concurrency: int = 64,
+                   progress: Any = None) -> dict[str, Any]:
+    """Greedy accuracy (and pass@k when ``k > 1``) over ``rows``.
+
+    An episode counts as solved as :func:`episode_solved` says. When every greedy episode
+    failed, raises :class:`~areal_agents.rollout.EpisodesFailed` with the cause.
+    """
+    timeout = cfg.rollout.episode_timeout
+    greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True),
+                                 episode_timeout=timeout)
+    sem = asyncio.Semaphore(concurrency)
+    task_id = progress.add_task("eval", total=len(rows) * (1 + (k if k > 1 else 0))) if progress else None
+
+    async def one(fn: EpisodeFn, row: dict[str, Any], seed: int) -> Trajectory:
+        async with sem:
+            traj = await fn(row, seed, f"eval-{uuid.uuid4().hex[:12]}")
+        if progress is not None:
+            progress.advance(task_id)
+        return traj
+
+    greedy = await asyncio.gather(*(one(greedy_fn, row, i) for i, row in enumerate(rows)))
+    if greedy and all(t.status != "ok" for t in greedy):  # nothing was measured: say why, do not go on
+        if progress is not None:
+            progress.remove_task(task_id)
+        raise EpisodesFailed(failure_message(f"eval: all {len(greedy)} episodes failed", greedy[-1]))
+    report: dict[str, Any] = {
+        "eval/accuracy": sum(map(episode_solved, greedy)) / max(1, len(rows)),
+        "eval/reward": sum(t.reward for t in greedy) / max(1, len(rows)),
+        "eval/failed": sum(t.status != "ok" for t in greedy),
+        "eval/n": len(rows),
+    }
+    if k > 1:
+        sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature),
+                                     episode_timeout=timeout)
+        samples = await asyncio.gather(*(one(sample_fn, row, 1000 * i + j)
+                                         for i, row in enumerate(rows) for j in range(k)))
+        hits = [any(episode_solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]
+        report[f"eval/pass@{k}"] = sum(hits) / max(1, len(rows))
+    if progress is not None:
+        progress.remove_task(task_id)
+    return report
