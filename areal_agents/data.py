@@ -105,7 +105,11 @@ def arithmetic_dataset(
 # -- files -------------------------------------------------------------------------------------
 
 
-def _split_path(path: str | None, split: str, who: str) -> str:
+def _split_path(path: str | None, split: str, who: str, unknown: dict[str, Any]) -> str:
+    """The file dataset ``who`` reads for ``split``, after checking its arguments."""
+    _check_split(split)
+    if unknown:
+        raise DatasetError(f"{who}: unknown argument(s) {', '.join(sorted(unknown))}")
     if not path:
         raise DatasetError(f"{who}: needs path=<file> (set data.path)")
     path = os.path.expanduser(path.format(split=split) if "{split}" in path else path)
@@ -114,8 +118,9 @@ def _split_path(path: str | None, split: str, who: str) -> str:
     return path
 
 
-def read_records(path: str) -> list[tuple[int, dict[str, Any]]]:
-    """``(line_number, record)`` pairs of a JSONL or Parquet file; errors name file and line."""
+def read_records(path: str, what: str = "records") -> list[tuple[int, dict[str, Any]]]:
+    """``(line_number, record)`` pairs of a JSONL or Parquet file; errors name file and line
+    (a file without records: ``the file has no <what>``)."""
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -128,7 +133,7 @@ def read_records(path: str) -> list[tuple[int, dict[str, Any]]]:
         except Exception as exc:  # pyarrow's errors for a truncated or foreign file
             raise DatasetError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
         if not rows:
-            raise DatasetError(f"{path}: no records")
+            raise DatasetError(f"{path}: the file has no {what}")
         return [(i + 1, row) for i, row in enumerate(rows)]
     records = []
     with open(path, encoding="utf-8") as fh:
@@ -143,7 +148,7 @@ def read_records(path: str) -> list[tuple[int, dict[str, Any]]]:
                 raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             records.append((lineno, record))
     if not records:
-        raise DatasetError(f"{path}: the file has no records")
+        raise DatasetError(f"{path}: the file has no {what}")
     return records
 
 
@@ -170,10 +175,7 @@ def jsonl_dataset(
     Each record needs ``prompt_field`` and ``answer_field`` (renamed to ``prompt``/``answer``;
     other fields are kept). ``size`` keeps the first rows.
     """
-    _check_split(split)
-    if kw:
-        raise DatasetError(f"jsonl_dataset: unknown argument(s) {', '.join(sorted(kw))}")
-    file = _split_path(path, split, "jsonl_dataset")
+    file = _split_path(path, split, "jsonl_dataset", kw)
     rows = []
     for lineno, record in read_records(file):
         row = dict(record)
@@ -190,10 +192,7 @@ def gsm8k_dataset(
 
     Rows: ``{"prompt": question, "answer": "N", "solution": original answer}``.
     """
-    _check_split(split)
-    if kw:
-        raise DatasetError(f"gsm8k_dataset: unknown argument(s) {', '.join(sorted(kw))}")
-    file = _split_path(path, split, "gsm8k_dataset")
+    file = _split_path(path, split, "gsm8k_dataset", kw)
     rows = []
     for lineno, record in read_records(file):
         question = str(_field(file, lineno, record, "question"))

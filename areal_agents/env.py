@@ -25,7 +25,8 @@ import numpy as np
 
 from areal_agents.loop_thread import LoopThread
 
-__all__ = ["Env", "EnvCheckError", "EnvCheckWarning", "Observation", "TextSpace", "check_env", "make_env", "run_in_thread"]
+__all__ = ["Env", "EnvCheckError", "EnvCheckWarning", "Observation", "TextSpace", "TurnLimitedEnv", "check_env", "make_env",
+           "run_in_thread"]
 
 Observation = str | list[dict[str, Any]]
 
@@ -222,6 +223,52 @@ class Env(gymnasium.Env):
             cache = factory("train", **kwargs)
             type(self)._sample_rows = cache  # type: ignore[attr-defined]
         return dict(cache[int(self.np_random.integers(len(cache)))])
+
+
+class TurnLimitedEnv(Env):
+    """An env of up to ``max_turns`` replies to one dataset row.
+
+    A subclass names the row fields it needs in ``required_fields``, may set up an episode in
+    :meth:`start` (which returns the first observation, ``row["prompt"]`` by default) and plays
+    one reply in :meth:`play_turn`. ``step`` counts turns, adds ``turns`` and ``success``
+    (False unless the turn says otherwise) to the info, and truncates after ``max_turns``.
+    """
+
+    required_fields: ClassVar[tuple[str, ...]] = ("prompt",)
+
+    def __init__(self, max_turns: int) -> None:
+        if max_turns < 1:
+            raise ValueError(f"{type(self).__name__}: max_turns must be >= 1 (got {max_turns})")
+        self.max_turns = max_turns
+        self.row: dict[str, Any] | None = None
+        self.turn = 0
+        self.done = True
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.row = self.resolve_row(options, self.required_fields)
+        self.turn, self.done = 0, False
+        return self.start(self.row), {}
+
+    def start(self, row: dict[str, Any]) -> Observation:
+        """Set up an episode for ``row``; return its first observation."""
+        return str(row["prompt"])
+
+    def play_turn(self, action: str, row: dict[str, Any]) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """``(observation, reward, terminated, info)`` of one reply (``self.turn`` already counts it)."""
+        raise NotImplementedError(f"{type(self).__name__}.play_turn is not implemented")
+
+    def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        if self.row is None or self.done:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset() or after the episode ended")
+        self.turn += 1
+        obs, reward, terminated, turn_info = self.play_turn(action, self.row)
+        info: dict[str, Any] = {"turns": self.turn, "success": False, **turn_info}
+        truncated = not terminated and self.turn >= self.max_turns
+        self.done = terminated or truncated
+        return obs, reward, terminated, truncated, info
 
 
 def make_env(name: str, **kwargs: Any) -> Env:

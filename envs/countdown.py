@@ -8,7 +8,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from areal_agents.env import Env
+from areal_agents.env import TurnLimitedEnv
 
 __all__ = ["CountdownEnv", "countdown_dataset", "evaluate_expression"]
 
@@ -95,7 +95,7 @@ def countdown_dataset(
     return rows
 
 
-class CountdownEnv(Env):
+class CountdownEnv(TurnLimitedEnv):
     """Reply with an expression using each given number at most once; the env says what it gives.
 
     Feedback: ``Invalid expression.``, ``Use only 3 5 7, each once.`` or ``That gives 26, not 22.``
@@ -105,52 +105,28 @@ class CountdownEnv(Env):
     default_dataset = "countdown"
     default_dataset_kwargs = {}
 
+    required_fields = ("numbers", "target")
+
     def __init__(self, max_turns: int = 6) -> None:
-        if max_turns < 1:
-            raise ValueError(f"CountdownEnv: max_turns must be >= 1 (got {max_turns})")
-        self.max_turns = max_turns
-        self.row: dict[str, Any] | None = None
-        self.turn = 0
-        self.done = True
+        super().__init__(max_turns)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        row = self.resolve_row(options, ("numbers", "target"))
+    def start(self, row: dict[str, Any]) -> str:
         row.setdefault("prompt", f"Use {' '.join(map(str, row['numbers']))} to make {row['target']}.")
-        self.row, self.turn, self.done = row, 0, False
-        return str(row["prompt"]), {}
+        return str(row["prompt"])
 
-    def _feedback(self, action: str) -> tuple[str, bool]:
-        assert self.row is not None
+    def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
         lines = [ln for ln in action.strip().splitlines() if ln.strip()]
-        text = lines[-1] if lines else ""
-        text = text.split("=")[0]
+        text = (lines[-1] if lines else "").split("=")[0]
         try:
             value, used = evaluate_expression(text)
         except ValueError:
-            return "Invalid expression.", False
-        if Counter(used) - Counter(int(x) for x in self.row["numbers"]):
-            return f"Use only {' '.join(map(str, self.row['numbers']))}, each once.", False
-        if value == int(self.row["target"]):
-            return "", True
+            return "Invalid expression.", 0.0, False, {}
+        if Counter(used) - Counter(int(x) for x in row["numbers"]):
+            return f"Use only {' '.join(map(str, row['numbers']))}, each once.", 0.0, False, {}
+        if value == int(row["target"]):
+            return "", 1.0, True, {"success": True}
         shown = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-        return f"That gives {shown}, not {self.row['target']}.", False
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.row is None or self.done:
-            raise RuntimeError("CountdownEnv.step called before reset() or after the episode ended")
-        self.turn += 1
-        obs, success = self._feedback(action)
-        info: dict[str, Any] = {"turns": self.turn, "success": success}
-        if success:
-            self.done = True
-            return obs, 1.0, True, False, info
-        if self.turn >= self.max_turns:
-            self.done = True
-            return obs, 0.0, False, True, info
-        return obs, 0.0, False, False, info
+        return f"That gives {shown}, not {row['target']}.", 0.0, False, {}
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         return str(row["answer"]) if row.get("answer") else None

@@ -6,7 +6,7 @@ import random
 import re
 from typing import Any
 
-from areal_agents.env import Env
+from areal_agents.env import TurnLimitedEnv
 
 __all__ = ["GuessNumberEnv", "guess_number_dataset"]
 
@@ -44,7 +44,7 @@ def guess_number_dataset(
     ]
 
 
-class GuessNumberEnv(Env):
+class GuessNumberEnv(TurnLimitedEnv):
     """Each reply's last integer is a guess; the env answers ``Higher.`` or ``Lower.``.
 
     Success gives reward ``1 - 0.5 * (turns - 1) / max_turns`` (fewer turns, more reward); a
@@ -54,45 +54,25 @@ class GuessNumberEnv(Env):
     default_dataset = "guess-number"
     default_dataset_kwargs = {}
 
-    def __init__(self, max_turns: int = 7) -> None:
-        if max_turns < 1:
-            raise ValueError(f"GuessNumberEnv: max_turns must be >= 1 (got {max_turns})")
-        self.max_turns = max_turns
-        self.row: dict[str, Any] | None = None
-        self.turn = 0
-        self.done = True
+    required_fields = ("target",)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        row = self.resolve_row(options, ("target",))
+    def __init__(self, max_turns: int = 7) -> None:
+        super().__init__(max_turns)
+
+    def start(self, row: dict[str, Any]) -> str:
         row.setdefault("low", 1)
         row.setdefault("high", 100)
         row.setdefault("prompt", f"Guess my number ({row['low']}-{row['high']}).")
-        self.row, self.turn, self.done = row, 0, False
-        return str(row["prompt"]), {}
+        return str(row["prompt"])
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.row is None or self.done:
-            raise RuntimeError("GuessNumberEnv.step called before reset() or after the episode ended")
-        self.turn += 1
-        target = int(self.row["target"])
+    def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
         numbers = _INT.findall(action)
-        info: dict[str, Any] = {"turns": self.turn, "success": False}
         if not numbers:
-            obs = "Reply with one number."
-        else:
-            guess = _guess(numbers[-1])
-            if guess == target:
-                self.done = True
-                info["success"] = True
-                return "", 1.0 - 0.5 * (self.turn - 1) / self.max_turns, True, False, info
-            obs = "Higher." if guess < target else "Lower."
-        if self.turn >= self.max_turns:
-            self.done = True
-            return obs, 0.0, False, True, info
-        return obs, 0.0, False, False, info
+            return "Reply with one number.", 0.0, False, {}
+        guess, target = _guess(numbers[-1]), int(row["target"])
+        if guess == target:
+            return "", 1.0 - 0.5 * (self.turn - 1) / self.max_turns, True, {"success": True}
+        return ("Higher." if guess < target else "Lower."), 0.0, False, {}
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """The bisection opening: the middle of the range."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from areal_agents.env import Env
+from areal_agents.env import TurnLimitedEnv
 from areal_agents.sandbox import run_python
 
 __all__ = ["PythonToolEnv"]
@@ -13,7 +13,7 @@ __all__ = ["PythonToolEnv"]
 _CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 
 
-class PythonToolEnv(Env):
+class PythonToolEnv(TurnLimitedEnv):
     """Tool use: a reply containing ``<python>code</python>`` runs the code in the sandbox
     (:func:`areal_agents.sandbox.run_python`) and the observation is ``<output>...</output>``;
     a reply without a tool call is the final answer, scored by ``reward`` (default ``math``).
@@ -24,6 +24,7 @@ class PythonToolEnv(Env):
 
     default_dataset = "arithmetic"
     default_dataset_kwargs = {"ops": ["*"], "template": "{a}{op}{b}=?"}
+    required_fields = ("prompt", "answer")
 
     def __init__(
         self,
@@ -34,26 +35,17 @@ class PythonToolEnv(Env):
         max_output_chars: int = 300,
         hint: str = " Run code with <python>...</python>.",
     ) -> None:
-        if max_turns < 1:
-            raise ValueError(f"PythonToolEnv: max_turns must be >= 1 (got {max_turns})")
-        self.max_turns = max_turns
+        super().__init__(max_turns)
         self.reward = reward
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.hint = hint
-        self.row: dict[str, Any] | None = None
-        self.turn = 0
         self.tool_calls = 0
-        self.done = True
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        row = self.resolve_row(options, ("prompt", "answer"))
-        self.row, self.turn, self.tool_calls, self.done = row, 0, 0, False
-        return str(row["prompt"]) + self.hint, {}
+    def start(self, row: dict[str, Any]) -> str:
+        self.tool_calls = 0
+        return str(row["prompt"]) + self.hint
 
     def _run_tool(self, action: str) -> str:
         match = _CALL.search(action)
@@ -70,24 +62,13 @@ class PythonToolEnv(Env):
             text += "\nTimed out."
         return f"<output>{text}</output>"
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.row is None or self.done:
-            raise RuntimeError("PythonToolEnv.step called before reset() or after the episode ended")
-        self.turn += 1
-        info: dict[str, Any] = {"turns": self.turn, "success": False}
+    def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
         if "<python>" in action:
             obs = self._run_tool(action)
-            info["tool_calls"] = self.tool_calls
-            if self.turn >= self.max_turns:
-                self.done = True
-                return obs, 0.0, False, True, info
-            return obs, 0.0, False, False, info
-        reward, reward_info = self.compute_reward(self.reward, action, self.row)
-        info.update(reward_info)
-        info["success"] = reward >= 1.0
-        info["tool_calls"] = self.tool_calls
-        self.done = True
-        return "", reward, True, False, info
+            return obs, 0.0, False, {"tool_calls": self.tool_calls}
+        reward, info = self.compute_reward(self.reward, action, row)
+        info.update(success=reward >= 1.0, tool_calls=self.tool_calls)
+        return "", reward, True, info
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """The tool call that computes the answer (``expression`` rows), else the answer itself."""

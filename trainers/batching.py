@@ -12,13 +12,12 @@ padded size ``rows × longest row`` stays within ``actor.max_tokens_per_mb``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
+from areal_agents.data import read_records
 from areal_agents.types import Trajectory
 
 __all__ = [
@@ -197,21 +196,13 @@ def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
     A bad line raises ``ValueError("<path>:<line>: <reason>")``.
     """
     trajs: list[Trajectory] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj: Any = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-                if "input_ids" not in obj:
-                    raise ValueError("missing field 'input_ids'")
-                traj = Trajectory.from_dict(obj)
-                traj.validate()
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-            trajs.append(traj)
-    if not trajs:
-        raise ValueError(f"{path}: no trajectories")
+    for lineno, obj in read_records(os.fspath(path), what="trajectories"):
+        try:
+            if "input_ids" not in obj:
+                raise ValueError("missing field 'input_ids'")
+            traj = Trajectory.from_dict(obj)
+            traj.validate()
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}:{lineno}: {exc}") from None
+        trajs.append(traj)
     return trajs

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainers import dist as tdist
+from trainers.hf_io import fsync_dir, publish_dir
 
 if TYPE_CHECKING:
     from trainers.engine import TrainEngine
@@ -81,18 +82,6 @@ def _save_error(exc: BaseException, where: Path) -> Exception:
     if code:
         return OSError(int(code.group(1)), f"cannot write checkpoint {where}: {last}")
     return RuntimeError(f"cannot write checkpoint {where}: {last}")
-
-
-def _fsync_tree(path: Path) -> None:
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as fh:
-                os.fsync(fh.fileno())
-        fd = os.open(dirpath, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class CheckpointMismatch(ValueError):
@@ -150,18 +139,11 @@ class Checkpointer:
             torch.save(state, tmp / "state.pt")
             meta = {"step": step, "version": version, "fingerprint": self.fingerprint, "complete": True}
             (tmp / "meta.json").write_text(json.dumps(meta))
-            _fsync_tree(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
+            publish_dir(tmp, final)
             pointer = self.root / ".latest.tmp"
             pointer.write_text(name)
             os.replace(pointer, self.root / "latest")
-            fd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(self.root)
             self._prune()
         tdist.barrier()
         return final

@@ -8,7 +8,6 @@ variables ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``) or by :func:`
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -17,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from areal_agents.inference.launcher import free_port
 
 __all__ = [
     "barrier",
@@ -32,13 +33,6 @@ __all__ = [
     "spawn",
     "torchrun_command",
 ]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_rank() -> int:

@@ -28,12 +28,13 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
+from trainers.hf_io import TORCH_DTYPES, write_hf_dir
 
 __all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = TORCH_DTYPES
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -263,7 +264,8 @@ class TrainEngine:
         response-length cap (``algorithm.max_response_tokens``, else ``agent.max_tokens``)."""
         mask = batch["loss_mask"][torch.tensor(list(rows), dtype=torch.long)] if rows else torch.zeros(0, 1).bool()
         counts = self._all_reduce(torch.tensor([float(mask.sum()), float((mask.sum(1) > 0).sum())]))
-        cap = self.cfg.algorithm.max_response_tokens or self.cfg.agent.max_tokens
+        cap = self.cfg.algorithm.max_response_tokens
+        assert cap is not None, "ExperimentConfig sets algorithm.max_response_tokens (default: agent.max_tokens)"
         return LossNorm(tokens=float(counts[0]), seqs=float(counts[1]), max_len=float(cap))
 
     def train_batch(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor], loss_fn: LossFn, *,
@@ -349,8 +351,6 @@ class TrainEngine:
         Collective. Rank 0 writes to a temporary sibling and renames it into place, so a reader
         never sees a half-written directory. Returns ``out_dir``.
         """
-        from trainers.weight_sync import write_hf_dir
-
         sd = self.full_state_dict()
         out = Path(out_dir)
         if self.rank == 0:

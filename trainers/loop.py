@@ -97,9 +97,8 @@ def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: 
 def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
     """One optimiser step on finished episodes: logprobs the loss needs, advantages, update."""
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
-    temperature = cfg.sampling.temperature or 1.0
     if cfg.algorithm.kl_ctl > 0:
-        batch["ref_logp"] = engine.compute_ref_logprobs(batch, temperature)
+        batch["ref_logp"] = engine.compute_ref_logprobs(batch)  # at sampling.temperature (greedy: 1)
     if spec.needs_critic:
         batch["values"] = engine.compute_values(batch)
     batch["advantages"] = spec.advantage_fn()(batch, cfg.algorithm)

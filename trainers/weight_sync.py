@@ -15,74 +15,32 @@ Requests go through :mod:`areal_agents.inference.control`.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from areal_agents.inference._weights import new_weight_group
+from areal_agents.inference.weight_group import new_weight_group
 from trainers import dist as tdist
-from trainers.engine import DTYPES
+from trainers.hf_io import TORCH_DTYPES
 
-if TYPE_CHECKING:
-    from trainers.engine import TrainEngine
-
-__all__ = ["DiskWeightSync", "DistributedWeightSync", "WeightSync", "make_weight_sync", "write_hf_dir"]
-
-_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
-_SKIP = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+__all__ = ["DiskWeightSync", "DistributedWeightSync", "Policy", "WeightSync", "make_weight_sync"]
 
 
-def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | os.PathLike[str],
-                 out_dir: str | os.PathLike[str], dtype: torch.dtype) -> Path:
-    """Write ``state`` as ``model.safetensors`` + ``config.json`` + the tokenizer/generation
-    files of ``src_dir`` into ``out_dir``, atomically (temp sibling, fsync, rename).
+class Policy(Protocol):
+    """What a weight sync needs of the trainer (:class:`~trainers.engine.TrainEngine`)."""
 
-    Tied output embeddings are stored once, as HF does. An existing ``out_dir`` is replaced.
-    """
-    from safetensors.torch import save_file
+    rank: int
+    cfg: Any
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tensors = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
-        if getattr(hf_config, "tie_word_embeddings", False):
-            tensors.pop("lm_head.weight", None)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        out_cfg = copy.deepcopy(hf_config)
-        out_cfg.dtype = dtype
-        out_cfg.save_pretrained(tmp)
-        src = Path(src_dir)
-        for f in src.iterdir() if src.is_dir() else []:
-            if f.is_file() and f.name not in _SKIP and not f.name.endswith(_WEIGHT_FILES):
-                shutil.copy2(f, tmp / f.name)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        trash = None
-        if out.exists():
-            trash = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, trash)
-        os.rename(tmp, out)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-        fd = os.open(out.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    def export_hf(self, out_dir: str | os.PathLike[str]) -> Path: ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class WeightSync:
@@ -98,7 +56,7 @@ class WeightSync:
         self.down: dict[str, str] = {}  # address -> why it was unreachable at the last sync
         self.events: list[str] = []  # servers lost and regained, fallbacks: for the run's log (pop them)
 
-    def sync(self, engine: TrainEngine, version: int) -> None:
+    def sync(self, engine: Policy, version: int) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -154,7 +112,7 @@ class DiskWeightSync(WeightSync):
     def path_for(self, version: int) -> Path:
         return self.root / f"v{version:06d}"
 
-    def sync(self, engine: TrainEngine, version: int) -> None:
+    def sync(self, engine: Policy, version: int) -> None:
         path = engine.export_hf(self.path_for(version))
         if engine.rank == 0 and self.addresses:
             update = _control().update_weights_from_disk
@@ -272,11 +230,11 @@ class DistributedWeightSync(WeightSync):
                     broadcast)
         return up
 
-    def sync(self, engine: TrainEngine, version: int) -> None:
+    def sync(self, engine: Policy, version: int) -> None:
         state = engine.full_state_dict()
         failed: str | None = None
         if engine.rank == 0 and self.addresses:
-            dtype = DTYPES[engine.cfg.actor.dtype]
+            dtype = TORCH_DTYPES[engine.cfg.actor.dtype]
             state = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
             try:
                 self._paused(version, lambda up: self._broadcast(up, state, version))

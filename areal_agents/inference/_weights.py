@@ -4,16 +4,15 @@ broadcast over a gloo process group (SGLang's ``/init_weights_update_group`` and
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from areal_agents.config import DTYPES
 from areal_agents.inference._protocol import BadRequest, _is_int, require
+from areal_agents.inference.weight_group import new_weight_group
 
-__all__ = ["WeightGroups", "check_fit", "load_state_dict", "new_weight_group"]
-
-_DTYPES = ("float32", "bfloat16", "float16")
+__all__ = ["WeightGroups", "check_fit", "load_state_dict"]
 
 
 def check_fit(shapes: Mapping[str, Sequence[int]], model: Any, where: str, *, complete: bool) -> None:
@@ -47,22 +46,6 @@ def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
         state.update(load_file(str(file)))
     check_fit({k: v.shape for k, v in state.items()}, model, str(path), complete=True)
     return state
-
-
-def new_weight_group(backend: str, address: str, port: int, world_size: int, rank: int, name: str,
-                     timeout_s: float) -> Any:
-    """This process's side (``rank``) of a weight-update group, laid out as SGLang lays out its
-    own: a TCP store at ``address:port`` served by rank 0, keys prefixed by ``name``, then
-    torch's group helper. Trainer rank 0, SGLang's ranks and the embedded server meet alike.
-    Blocks until all ``world_size`` ranks have joined."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _new_process_group_helper
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout)
-    made = _new_process_group_helper(world_size, rank, [], backend, dist.PrefixStore(name, store), group_name=name,
-                                     timeout=timeout)
-    return made[0] if isinstance(made, tuple) else made
 
 
 def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
@@ -108,8 +91,8 @@ class WeightGroups:
         names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
         name = body.get("group_name", "weight_update_group")
         require(isinstance(names, list) and all(isinstance(n, str) for n in names), "'names' must be a list of strings")
-        require(isinstance(dtypes, list) and all(d in _DTYPES for d in dtypes),
-                f"'dtypes' must be a list of {', '.join(_DTYPES)}")  # fmt: skip
+        require(isinstance(dtypes, list) and all(d in DTYPES for d in dtypes),
+                f"'dtypes' must be a list of {', '.join(DTYPES)}")  # fmt: skip
         require(isinstance(shapes, list) and all(isinstance(s, list) and all(_is_int(x) and x >= 0 for x in s)
                                                  for s in shapes), "'shapes' must be a list of lists of sizes")
         assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
