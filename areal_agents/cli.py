@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from areal_agents.config import ConfigError
+from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError, load_object
 
 __all__ = ["build_parser", "check_model_dir", "main"]
@@ -23,7 +24,7 @@ COMMANDS = {
     "run": "trainers.loop:cli_run",
     "sft": "trainers.sft:cli_sft",
     "eval": "trainers.evaluate:cli_eval",
-    "serve": "areal_agents.inference.server:cli_serve",
+    "serve": "areal_agents.cli:cli_serve",
     "plot": "areal_agents.plotting:cli_plot",
 }
 
@@ -92,12 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="JSON report path")
     _add_config_args(p)
     p = sub.add_parser("serve", help="start the embedded SGLang-protocol inference server")
-    p.add_argument("--model", help="HF model dir (default: the tiny default model for --env)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=30000, help="port (0 picks a free one)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
-    p.add_argument("--weight-version", default="0", help="initial weight version")
+    add_serve_args(p)
     p.add_argument("--env", default="math", help="env whose tiny default model to serve without --model")
     p = sub.add_parser("plot", help="write PNG plots for a run directory")
     p.add_argument("run_dir")
@@ -123,6 +119,22 @@ def load_args_config(args: argparse.Namespace) -> Any:
     from areal_agents.config_loader import load_config
 
     return load_config(args.config, config_overrides(args))
+
+
+def cli_serve(args: argparse.Namespace) -> int:
+    """``areal-agents serve``: the embedded server; without ``--model`` it serves the tiny default
+    model of ``--env`` (warm-started and cached on first use by ``trainers.sft``)."""
+    from areal_agents.config_loader import load_config
+
+    if not args.model:
+        try:
+            ensure_warm_model = load_object("trainers.sft:ensure_warm_model")
+            args.model = str(ensure_warm_model(load_config(None, [f"env.name={args.env or 'math'}"])))
+        except (ImportError, AttributeError, ValueError) as exc:
+            print(f"error: no --model given and the default model is unavailable ({exc}); pass --model DIR",
+                  file=sys.stderr)
+            return 2
+    return int(load_object("areal_agents.inference.server:cli_serve")(args))
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ children launched from the main thread get SIGTERM if the launching process dies
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import re
@@ -24,7 +25,7 @@ from typing import Any
 
 from areal_agents.config import ConfigError, _check_sglang_version
 
-__all__ = ["LaunchError", "ServerGroup", "ServerHandle", "check_sglang", "embedded_command", "free_port",
+__all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
            "launch_servers", "sglang_command"]  # fmt: skip
 
 _SERVING = re.compile(r"serving on http://([^\s:]+):(\d+)")
@@ -68,6 +69,18 @@ def sglang_command(cfg: Any, model_path: str | os.PathLike[str], port: int, serv
     if server_index:
         cmd += ["--base-gpu-id", str(server_index * tp)]
     return cmd + [str(a) for a in cfg.sglang.extra_args]
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The embedded server's command-line flags (``python -m areal_agents.inference.server``,
+    ``areal-agents serve``, :func:`embedded_command`)."""
+    parser.add_argument("--model", help="HF model dir (default: the tiny default model for --env)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=30000, help="port (0 picks a free one)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
+    parser.add_argument("--weight-version", default="0", help="initial weight version")
+    return parser
 
 
 def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0) -> list[str]:

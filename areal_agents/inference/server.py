@@ -390,40 +390,19 @@ async def serve(app: web.Application, host: str, port: int, announce: bool = Tru
         await runner.cleanup()
 
 
-def _default_model(env: str) -> Path:
-    """The SFT-warm-started tiny model of ``env`` (built by the trainer package on first use)."""
-    from areal_agents.config_loader import load_config
-    from areal_agents.registry import load_object
-
-    ensure_warm_model = load_object("trainers.sft:ensure_warm_model")
-    return Path(ensure_warm_model(load_config(None, [f"env.name={env}"])))
-
-
 def cli_serve(args: argparse.Namespace) -> int:
-    """``areal-agents serve``: load ``args.model`` and serve it (see the serve subcommand).
-
-    Without ``--model`` it serves the tiny default model of ``--env`` (warm-started and
-    cached on first use by ``trainers.sft``).
-    """
+    """Load ``args.model`` and serve it with the flags of :func:`~areal_agents.inference.launcher.add_serve_args`."""
     from areal_agents.inference._engine import Engine
 
-    if not getattr(args, "model", None):
-        try:
-            args.model = str(_default_model(getattr(args, "env", None) or "math"))
-        except (ImportError, AttributeError, ValueError) as exc:
-            print(f"error: no --model given and the default model is unavailable ({exc}); pass --model DIR",
-                  file=sys.stderr)  # fmt: skip
-            return 2
     path = str(args.model)
     if not (Path(path) / "config.json").is_file():
         print(f"error: --model {path}: no config.json there (not a Hugging Face model dir)", file=sys.stderr)
         return 2
-    model, tokenizer = load_model(path, getattr(args, "device", "cpu"))
-    engine = Engine(model, tokenizer, max_batch_size=int(getattr(args, "max_batch_size", 64)),
-                    weight_version=str(getattr(args, "weight_version", "0")))  # fmt: skip
+    model, tokenizer = load_model(path, args.device)
+    engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
     app = create_app(engine, path)
     try:
-        asyncio.run(serve(app, getattr(args, "host", "127.0.0.1"), int(getattr(args, "port", 30000))))
+        asyncio.run(serve(app, args.host, args.port))
     except OSError as exc:
         print(f"error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
@@ -431,10 +410,13 @@ def cli_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m areal_agents.inference.server [--model DIR] [--port N] ...``."""
-    from areal_agents.cli import build_parser
+    """``python -m areal_agents.inference.server --model DIR [--port N] ...``."""
+    from areal_agents.inference.launcher import add_serve_args
 
-    args = build_parser().parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    parser = add_serve_args(argparse.ArgumentParser(prog="python -m areal_agents.inference.server"))
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.model:
+        parser.error("--model DIR is required")
     return cli_serve(args)
 
 
