@@ -73,7 +73,7 @@ def check_value(value: Any) -> float:
 def describe_failure(fn: Any, exc: BaseException) -> str:
     """What went wrong in ``fn`` (``returned str ..., not a number`` or ``raised Type: msg``)
     and where: the innermost line of ``fn``'s file in the traceback, else where ``fn`` is defined."""
-    from areal_agents._failures import function_location
+    from areal_agents.failures import function_location
 
     where = function_location(fn)
     code = getattr(fn, "__code__", None)

@@ -32,7 +32,7 @@ COMMANDS = {
 # Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
 # a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
 _USER_ERRORS = (
-    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError", "areal_agents._failures:EpisodesFailed",
+    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError", "areal_agents.failures:EpisodesFailed",
     "areal_agents.preflight:PreflightError",
     "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
     "areal_agents.inference.launcher:LaunchError",

@@ -39,6 +39,7 @@ __all__ = [
     "SamplingConfig",
     "TrainerConfig",
     "check_fields",
+    "check_sglang_version",
     "ge",
     "gt",
     "one_of",
@@ -191,7 +192,7 @@ class SGLangConfig(Section):
     extra_args: list[str] = f([], "Extra command-line arguments for sglang.launch_server.")
 
 
-def _check_sglang_version(key: str) -> None:
+def check_sglang_version(key: str) -> None:
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
@@ -227,7 +228,7 @@ class InferenceConfig(Section):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.backend == "sglang":
-            _check_sglang_version("backend")
+            check_sglang_version("backend")
 
     def rules(self) -> list[tuple[bool, str, str]]:
         return [(self.backend != "remote" or bool(self.addresses), "addresses",

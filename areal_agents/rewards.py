@@ -234,7 +234,7 @@ class RewardRunner:
                 worker.conn.send_bytes(job)
                 if not worker.conn.poll(self.timeout):
                     worker.kill()
-                    from areal_agents._failures import function_location
+                    from areal_agents.failures import function_location
 
                     where = function_location(resolved)
                     return self._count(RewardResult(

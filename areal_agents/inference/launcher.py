@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_agents.config import ConfigError, _check_sglang_version
+from areal_agents.config import ConfigError, check_sglang_version
 
 __all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
            "launch_servers", "sglang_command"]  # fmt: skip
@@ -45,7 +45,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_sglang() -> None:
     """Raise :class:`ConfigError` unless sglang >= 0.4.9.post2 is installed."""
-    _check_sglang_version("inference.backend")
+    check_sglang_version("inference.backend")
 
 
 def _sglang_dtype(cfg: Any) -> str:

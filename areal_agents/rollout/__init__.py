@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from areal_agents._failures import EpisodesFailed
+from areal_agents.failures import EpisodesFailed
 from areal_agents.rollout.episode import EpisodeFn, make_episode_fn
 from areal_agents.rollout.executor import RolloutExecutor
 

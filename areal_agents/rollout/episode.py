@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from areal_agents._failures import EpisodesFailed, blame, describe, failure_message
 from areal_agents.config import ExperimentConfig
+from areal_agents.failures import EpisodesFailed, blame, describe, failure_message
 from areal_agents.registry import agents, envs
 from areal_agents.types import Trajectory
 

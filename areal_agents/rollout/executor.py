@@ -38,8 +38,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from areal_agents._failures import EpisodesFailed, failure_message
 from areal_agents.config import RolloutConfig
+from areal_agents.failures import EpisodesFailed, failure_message
 from areal_agents.loop_thread import LoopThread
 from areal_agents.rollout.episode import EpisodeFn, episode_outcome, with_deadline
 from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
