@@ -42,8 +42,8 @@ class GenRequest:
     ignore_eos: bool = False
     logprob_start: int = -1  # >= 0: SGLang's prompt logprobs of prompt[logprob_start:], taken at prefill
     top_logprobs_num: int = 0  # > 0: the most likely alternatives of every output (and scored prompt) token
-    done: Callable[[GenRequest], None] | None = None
-    on_token: Callable[[GenRequest], None] | None = None  # after each token but the last (streaming)
+    done: Callable[[GenRequest], object] | None = None
+    on_token: Callable[[GenRequest], object] | None = None  # after each token but the last (streaming)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)

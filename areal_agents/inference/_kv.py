@@ -9,7 +9,7 @@ id is its count of real tokens.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -93,7 +93,7 @@ class BatchKV:
         merged_valid = torch.zeros(b_old + len(rows), length, dtype=torch.bool, device=self.device)
         merged_valid[:b_old, length - t_old :] = self.valid
         merged_valid[b_old:, length - t_new :] = new_valid
-        layers = []
+        layers: list[Any] = []
         for i, fresh in enumerate(prefill.layers):
             old = self.cache.layers[i] if b_old else None
             parts = []
@@ -120,8 +120,8 @@ class BatchKV:
         valid = self.valid[idx]
         lead = int(valid.int().argmax(dim=1).min())  # first real column of the longest row
         length = int(valid.shape[1]) - lead
-        layers = []
-        for layer in self.cache.layers:
+        layers: list[Any] = []
+        for layer in cast("list[_GrowingLayer]", self.cache.layers):
             bufs = []
             for buf in (layer.kbuf, layer.vbuf):
                 new = buf.new_zeros(len(rows), buf.shape[1], length + _HEADROOM, buf.shape[3])

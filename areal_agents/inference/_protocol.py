@@ -114,7 +114,7 @@ def _prompts(body: dict[str, Any], tokenizer: Any, vocab: int) -> tuple[list[lis
         text = body["text"]
         if isinstance(text, str):
             return [tokenizer.encode(text, add_special_tokens=False)], False
-        require(isinstance(text, list) and text and all(isinstance(t, str) for t in text),
+        require(isinstance(text, list) and bool(text) and all(isinstance(t, str) for t in text),
                 "'text' must be a string or a non-empty list of strings")  # fmt: skip
         return [tokenizer.encode(t, add_special_tokens=False) for t in text], True
     ids = body["input_ids"]
@@ -134,6 +134,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
             raise BadRequest(f"sampling_params.{key} is not supported by the embedded server "
                              f"(only {json.dumps(neutral)} or null; got {json.dumps(sp[key])[:80]})")  # fmt: skip
     out: dict[str, Any] = {}
+    v: Any
     for key, default in (("max_new_tokens", 128), ("min_new_tokens", 0), ("n", 1), ("top_k", -1)):
         v = sp.get(key, default)
         v = default if v is None else v
@@ -143,9 +144,9 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     require(out["min_new_tokens"] >= 0, "sampling_params.min_new_tokens must be >= 0")
     require(1 <= out["n"] <= 1024, "sampling_params.n must be in [1, 1024]")
     require(out["top_k"] == -1 or out["top_k"] >= 1, "sampling_params.top_k must be -1 or >= 1")
-    for key, default in (("temperature", 1.0), ("top_p", 1.0)):
-        v = sp.get(key, default)
-        v = default if v is None else v
+    for key, unset in (("temperature", 1.0), ("top_p", 1.0)):
+        v = sp.get(key, unset)
+        v = unset if v is None else v
         require(_is_num(v) and v == v, f"sampling_params.{key} must be a number (got {v!r})")
         out[key] = float(v)
     require(0.0 <= out["temperature"] < float("inf"), "sampling_params.temperature must be >= 0")

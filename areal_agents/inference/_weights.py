@@ -49,7 +49,7 @@ def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
 
 
 def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
-    v = body.get(key)
+    v: Any = body.get(key)
     require(_is_int(v) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
     return int(v)
 
@@ -68,7 +68,8 @@ class WeightGroups:
 
     def join(self, body: Mapping[str, Any]) -> None:
         """Join the group of an ``/init_weights_update_group`` body as ranks ``rank_offset``."""
-        addr, name = body.get("master_address"), body.get("group_name", "weight_update_group")
+        addr: Any = body.get("master_address")
+        name: Any = body.get("group_name", "weight_update_group")
         require(isinstance(addr, str) and bool(addr), "'master_address' (a string) is required")
         require(isinstance(name, str) and bool(name), "'group_name' must be a non-empty string")
         port = _int(body, "master_port", 1, 65535)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import functools
 import json
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -27,7 +28,10 @@ from areal_agents.inference._weights import WeightGroups, load_state_dict
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
-_ENGINE = web.AppKey("engine", object)
+if TYPE_CHECKING:
+    from areal_agents.inference._engine import Engine
+
+_ENGINE: web.AppKey[Engine] = web.AppKey("engine")
 _STATE = web.AppKey("state", dict)
 _GROUPS = web.AppKey("weight_groups", WeightGroups)
 
@@ -41,7 +45,8 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = torch.float32 if device == "cpu" else "auto"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = model.to(device)
     return model, tokenizer
 
 
@@ -104,9 +109,9 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
             logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-            done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r),
+            done=functools.partial(_resolve_from_thread, loop, fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
-        )  # fmt: skip
+        )
         reqs.append(req)
         if req.max_new_tokens <= 0 and req.logprob_start < 0:  # nothing to compute
             req.finish = {"type": "length", "length": 0}
@@ -166,6 +171,10 @@ async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future
     return resp
 
 
+def _resolve_from_thread(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], req: Any) -> None:
+    loop.call_soon_threadsafe(_resolve, fut, req)
+
+
 def _resolve(fut: asyncio.Future[Any], req: Any) -> None:
     if not fut.done():
         fut.set_result(req)
@@ -198,7 +207,7 @@ async def _swap(app: web.Application, state: dict[str, Any], version: str | None
 async def _update_weights_from_disk(request: web.Request) -> web.Response:
     app, engine = request.app, request.app[_ENGINE]
     body = await _json(request)
-    path = body.get("model_path")
+    path: Any = body.get("model_path")
     require(isinstance(path, str) and bool(path), "'model_path' (a string) is required")
     version, flags = _update_flags(body)
     require(body.get("load_format") in (None, "auto", "safetensors"), "'load_format' must be auto or safetensors")
@@ -293,7 +302,7 @@ async def _health_generate(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
     req = GenRequest(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0,
-                     done=lambda r: loop.call_soon_threadsafe(_resolve, fut, r))  # fmt: skip
+                     done=functools.partial(_resolve_from_thread, loop, fut))
     engine.submit(req)
     try:
         await asyncio.wait_for(fut, timeout=20)

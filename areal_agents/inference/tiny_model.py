@@ -157,7 +157,7 @@ def build_tiny_model(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
+        bos_token_id=int(tokenizer.convert_tokens_to_ids(BOS_TOKEN)),  # type: ignore[arg-type]  # one token: an int
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         initializer_range=0.02,

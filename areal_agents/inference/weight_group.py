@@ -19,6 +19,7 @@ def new_weight_group(backend: str, address: str, port: int, world_size: int, ran
 
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout)
-    made = _new_process_group_helper(world_size, rank, [], backend, dist.PrefixStore(name, store), group_name=name,
+    made = _new_process_group_helper(world_size, rank, [], backend, dist.PrefixStore(name, store),
+                                     group_name=name,  # type: ignore[arg-type]  # a plain str at runtime
                                      timeout=timeout)
     return made[0] if isinstance(made, tuple) else made
