@@ -23,8 +23,8 @@ def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = T
     """Serve ``model_path`` (or attach to ``inference.addresses``) and evaluate the test split."""
     import transformers
 
+    from areal_agents.inference.launcher import inference_servers
     from trainers.loop import run_eval
-    from trainers.servers import inference_servers
 
     transformers.utils.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)

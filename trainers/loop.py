@@ -29,6 +29,7 @@ from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.client import InferenceClient
+from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight
 from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
@@ -41,7 +42,6 @@ from trainers.engine import TrainEngine
 from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.rollout_only import write_rollouts
-from trainers.servers import inference_servers
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import make_weight_sync
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from typing import Any
 from areal_agents.config import ConfigError, check_sglang_version
 
 __all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
-           "launch_servers", "sglang_command"]  # fmt: skip
+           "inference_servers", "launch_servers", "sglang_command"]  # fmt: skip
 
 _SERVING = re.compile(r"serving on http://([^\s:]+):(\d+)")
 _LIVE: set[ServerHandle] = set()
@@ -251,3 +253,22 @@ def launch_servers(
 def _close_all() -> None:
     for handle in list(_LIVE):
         handle.close(timeout=3.0)
+
+
+@contextlib.contextmanager
+def inference_servers(cfg: Any, model_path: str, log_dir: str | os.PathLike[str] | None = None) -> Iterator[list[str]]:
+    """Yield ``host:port`` addresses of a run's healthy servers; launched ones are stopped on exit.
+
+    ``inference.backend=remote`` attaches to ``inference.addresses`` (waiting for their
+    ``/health``) and leaves them running; otherwise servers are launched, logging to ``log_dir``
+    (default: the run dir's ``logs/``).
+    """
+    if cfg.inference.backend == "remote":
+        from areal_agents.inference.control import wait_healthy
+
+        wait_healthy(list(cfg.inference.addresses), timeout=cfg.inference.setup_timeout)
+        yield list(cfg.inference.addresses)
+        return
+    logs = Path(log_dir) if log_dir is not None else Path(cfg.run_dir) / "logs"
+    with launch_servers(cfg, model_path, log_dir=logs) as group:
+        yield group.addresses
