@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
+from areal_agents.inference import protocol
 from areal_agents.inference.weight_group import new_weight_group
 from trainers import dist as tdist
 from trainers.hf_io import TORCH_DTYPES
@@ -171,14 +172,14 @@ class DistributedWeightSync(WeightSync):
         trainer's store, ``master_port`` unless given)."""
         servers = self.addresses if servers is None else servers
         port = port or self.master_port or 0
-        return [_control().init_weights_update_group_payload(
+        return [protocol.init_weights_update_group_payload(
                     self.master_address, port, 1 + i * self.server_world, self.world_size(len(servers)),
                     group_name=self.current_name, backend=self.backend)
                 for i in range(len(servers))]
 
     def update_payload(self, state: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast order."""
-        return _control().update_weights_from_distributed_payload(
+        return protocol.update_weights_from_distributed_payload(
             list(state), [t.dtype for t in state.values()], [list(t.shape) for t in state.values()],
             version=version, group_name=self.current_name)
 

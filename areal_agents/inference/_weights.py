@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.config import DTYPES
-from areal_agents.inference._protocol import BadRequest, _is_int, require
+from areal_agents.inference.protocol import BadRequest, _is_int, require
 from areal_agents.inference.weight_group import new_weight_group
 
 __all__ = ["WeightGroups", "check_fit", "load_state_dict"]

@@ -25,15 +25,12 @@ from typing import Any
 
 import aiohttp
 
+from areal_agents.inference.protocol import InferenceError, parse_generate_reply
 from areal_agents.llm import Generation
 
-__all__ = ["InferenceClient", "InferenceError", "normalize_address", "parse_generate_reply"]
+__all__ = ["InferenceClient", "InferenceError", "normalize_address"]
 
 _MAX_STICKY = 100_000
-
-
-class InferenceError(RuntimeError):
-    """A request failed for good: bad reply, 4xx, or retries exhausted."""
 
 
 class _Retryable(Exception):
@@ -46,47 +43,6 @@ def normalize_address(addr: str) -> str:
     if not addr:
         raise ValueError("empty server address")
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
-
-
-def _version(v: Any) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return -1  # e.g. SGLang's "default" before the first update
-
-
-def parse_generate_reply(body: Any, where: str = "server") -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
-    """Check one ``/generate`` reply; return (output_ids, logprobs, versions, finish_reason, text).
-
-    Raises :class:`InferenceError` naming what is wrong instead of a ``KeyError``.
-    """
-    def bad(what: str) -> InferenceError:
-        return InferenceError(f"malformed /generate reply from {where}: {what} (got {str(body)[:200]})")
-
-    if not isinstance(body, dict):
-        raise bad("expected a JSON object")
-    ids, meta = body.get("output_ids"), body.get("meta_info")
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise bad("'output_ids' is not a list of integers")
-    if not isinstance(meta, dict):
-        raise bad("'meta_info' is missing")
-    finish = meta.get("finish_reason")
-    if not isinstance(finish, dict) or finish.get("type") not in ("stop", "length", "abort"):
-        raise bad("'meta_info.finish_reason.type' is not stop, length or abort")
-    lp_rows = meta.get("output_token_logprobs")
-    if not isinstance(lp_rows, list) or len(lp_rows) != len(ids):
-        raise bad("'meta_info.output_token_logprobs' is missing or does not match output_ids")
-    try:
-        logprobs = [float(row[0]) for row in lp_rows]
-    except (TypeError, ValueError, IndexError):
-        raise bad("'output_token_logprobs' rows are not [logprob, token_id, ...]") from None
-    per_token = meta.get("output_token_weight_versions")
-    if isinstance(per_token, list) and len(per_token) == len(ids):
-        versions = [_version(v) for v in per_token]
-    else:
-        versions = [_version(meta.get("weight_version"))] * len(ids)
-    text = body.get("text", "")
-    return ids, logprobs, versions, finish, text if isinstance(text, str) else ""
 
 
 class InferenceClient:

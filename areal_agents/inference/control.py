@@ -2,8 +2,7 @@
 
 Every function takes one address or a list (``host:port`` or a URL) and acts on all of
 them; failures raise :class:`ControlError` naming the server and its answer. The
-``*_payload`` builders produce the exact JSON bodies SGLang expects, so the NCCL weight
-path can be driven (and tested) without a GPU.
+JSON bodies come from :mod:`areal_agents.inference.protocol`.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 
 from areal_agents.inference.client import normalize_address
+from areal_agents.inference.protocol import update_weights_from_disk_payload
 
 __all__ = [
     "ControlError",
@@ -22,14 +22,11 @@ __all__ = [
     "continue_generation",
     "flush_cache",
     "init_weights_update_group",
-    "init_weights_update_group_payload",
     "model_info",
     "pause_generation",
     "server_info",
     "update_weights_from_disk",
-    "update_weights_from_disk_payload",
     "update_weights_from_distributed",
-    "update_weights_from_distributed_payload",
     "wait_healthy",
 ]
 
@@ -116,17 +113,6 @@ def wait_healthy(addrs: Addrs, timeout: float = 120.0, interval: float = 0.2) ->
             time.sleep(interval)
 
 
-def update_weights_from_disk_payload(
-    path: str, version: int | str | None = None, abort_all_requests: bool = False, flush_cache: bool = True
-) -> dict[str, Any]:
-    """Body of ``POST /update_weights_from_disk``."""
-    body: dict[str, Any] = {"model_path": str(path), "abort_all_requests": abort_all_requests,
-                            "flush_cache": flush_cache}  # fmt: skip
-    if version is not None:
-        body["weight_version"] = str(version)
-    return body
-
-
 def update_weights_from_disk(
     addrs: Addrs, path: str, version: int | str | None = None, *, abort_all_requests: bool = False,
     timeout: float = 600.0,
@@ -167,32 +153,6 @@ def server_info(addr: str, timeout: float = 10.0) -> dict[str, Any]:
     body = _request("GET", normalize_address(addr) + "/server_info", timeout).json()
     if not isinstance(body, dict):
         raise ControlError(f"{addr}/server_info: expected a JSON object, got {str(body)[:200]}")
-    return body
-
-
-def init_weights_update_group_payload(
-    master_address: str, master_port: int, rank_offset: int, world_size: int,
-    group_name: str = "weight_update_group", backend: str = "nccl",
-) -> dict[str, Any]:  # fmt: skip
-    """Body of ``POST /init_weights_update_group`` (server ranks start at ``rank_offset``)."""
-    if world_size < 2 or not 0 < rank_offset < world_size:
-        raise ValueError(f"need world_size >= 2 and 0 < rank_offset < world_size (got {rank_offset}/{world_size})")
-    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "group_name": group_name, "backend": backend}  # fmt: skip
-
-
-def update_weights_from_distributed_payload(
-    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-    version: int | str | None = None, group_name: str = "weight_update_group", flush_cache: bool = True,
-) -> dict[str, Any]:  # fmt: skip
-    """Body of ``POST /update_weights_from_distributed`` announcing tensors about to be broadcast."""
-    if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
-    body: dict[str, Any] = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-                            "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
-                            "flush_cache": flush_cache}  # fmt: skip
-    if version is not None:
-        body["weight_version"] = str(version)
     return body
 
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from areal_agents.inference._protocol import BadRequest, parse_generate, require, response_body
 from areal_agents.inference._weights import WeightGroups, load_state_dict
+from areal_agents.inference.protocol import BadRequest, parse_generate, require, response_body
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import load_config
-from areal_agents.inference import control
+from areal_agents.inference import control, protocol
 from areal_agents.inference.launcher import (
     LaunchError,
     check_sglang,
@@ -76,20 +76,20 @@ def test_failed_launch_raises_with_log_and_leaves_no_process(tmp_path: Path) -> 
 
 
 def test_control_payloads() -> None:
-    assert control.update_weights_from_disk_payload("/ckpt/v3", 3) == {
+    assert protocol.update_weights_from_disk_payload("/ckpt/v3", 3) == {
         "model_path": "/ckpt/v3", "abort_all_requests": False, "flush_cache": True, "weight_version": "3"}  # fmt: skip
-    assert "weight_version" not in control.update_weights_from_disk_payload("/p")
-    assert control.init_weights_update_group_payload("10.0.0.1", 29500, 1, 3, group_name="g") == {
+    assert "weight_version" not in protocol.update_weights_from_disk_payload("/p")
+    assert protocol.init_weights_update_group_payload("10.0.0.1", 29500, 1, 3, group_name="g") == {
         "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
         "group_name": "g", "backend": "nccl"}  # fmt: skip
     with pytest.raises(ValueError, match="rank_offset"):
-        control.init_weights_update_group_payload("h", 1, 0, 2)
-    body = control.update_weights_from_distributed_payload(["a.w", "b.w"], ["torch.bfloat16", "float32"],
+        protocol.init_weights_update_group_payload("h", 1, 0, 2)
+    body = protocol.update_weights_from_distributed_payload(["a.w", "b.w"], ["torch.bfloat16", "float32"],
                                                            [(2, 3), [4]], version=7)  # fmt: skip
     assert body == {"names": ["a.w", "b.w"], "dtypes": ["bfloat16", "float32"], "shapes": [[2, 3], [4]],
                     "group_name": "weight_update_group", "flush_cache": True, "weight_version": "7"}  # fmt: skip
     with pytest.raises(ValueError, match="length"):
-        control.update_weights_from_distributed_payload(["a"], [], [])
+        protocol.update_weights_from_distributed_payload(["a"], [], [])
     with pytest.raises(ValueError, match="mode"):
         control.pause_generation("127.0.0.1:1", "sideways")
 

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from reliability_support import make_model, record, start_servers
 
-from areal_agents.inference.client import parse_generate_reply
+from areal_agents.inference.protocol import parse_generate_reply
 
 CANARY = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
           "return_logprob": True}  # fmt: skip

@@ -1,7 +1,11 @@
-"""Parse and check SGLang ``/generate`` requests; build SGLang-shaped replies (no torch).
+"""SGLang's HTTP protocol, both sides of the wire (no torch).
 
-Everything a client can get wrong raises :class:`BadRequest` with one clear message,
-which the server answers with HTTP 400 ``{"error": {"message": ...}}``.
+Server side: :func:`parse_generate` checks a ``/generate`` request (everything a client can
+get wrong raises :class:`BadRequest` with one clear message, which the server answers with
+HTTP 400 ``{"error": {"message": ...}}``) and :func:`response_body` builds the reply. Client
+side: :func:`parse_generate_reply` checks a reply (:class:`InferenceError` naming what is
+wrong), and the ``*_payload`` builders produce the exact bodies of the weight-update calls,
+so the NCCL weight path can be driven (and tested) without a GPU.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadRequest", "GenerateSpec", "parse_generate", "require", "response_body"]
+__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "init_weights_update_group_payload", "parse_generate",
+           "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
+           "update_weights_from_distributed_payload"]
 
 # Every field of SGLang's ``GenerateReqInput`` (0.5.x) is accepted. Those this server implements:
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
@@ -277,3 +283,88 @@ def response_body(
             meta["input_top_logprobs"] = _top_rows(tokenizer, with_text, req.input_top or [])
             meta["output_top_logprobs"] = _top_rows(tokenizer, with_text, req.output_top[:n])
     return {"text": text, "output_ids": output_ids, "meta_info": meta}
+
+
+# -- client side --------------------------------------------------------------------------------
+
+
+class InferenceError(RuntimeError):
+    """A request failed for good: bad reply, 4xx, or retries exhausted."""
+
+
+def _version(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return -1  # e.g. SGLang's "default" before the first update
+
+
+def parse_generate_reply(body: Any, where: str = "server") -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
+    """Check one ``/generate`` reply; return (output_ids, logprobs, versions, finish_reason, text).
+
+    Raises :class:`InferenceError` naming what is wrong instead of a ``KeyError``.
+    """
+    def bad(what: str) -> InferenceError:
+        return InferenceError(f"malformed /generate reply from {where}: {what} (got {str(body)[:200]})")
+
+    if not isinstance(body, dict):
+        raise bad("expected a JSON object")
+    ids, meta = body.get("output_ids"), body.get("meta_info")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad("'output_ids' is not a list of integers")
+    if not isinstance(meta, dict):
+        raise bad("'meta_info' is missing")
+    finish = meta.get("finish_reason")
+    if not isinstance(finish, dict) or finish.get("type") not in ("stop", "length", "abort"):
+        raise bad("'meta_info.finish_reason.type' is not stop, length or abort")
+    lp_rows = meta.get("output_token_logprobs")
+    if not isinstance(lp_rows, list) or len(lp_rows) != len(ids):
+        raise bad("'meta_info.output_token_logprobs' is missing or does not match output_ids")
+    try:
+        logprobs = [float(row[0]) for row in lp_rows]
+    except (TypeError, ValueError, IndexError):
+        raise bad("'output_token_logprobs' rows are not [logprob, token_id, ...]") from None
+    per_token = meta.get("output_token_weight_versions")
+    if isinstance(per_token, list) and len(per_token) == len(ids):
+        versions = [_version(v) for v in per_token]
+    else:
+        versions = [_version(meta.get("weight_version"))] * len(ids)
+    text = body.get("text", "")
+    return ids, logprobs, versions, finish, text if isinstance(text, str) else ""
+
+
+def update_weights_from_disk_payload(
+    path: str, version: int | str | None = None, abort_all_requests: bool = False, flush_cache: bool = True
+) -> dict[str, Any]:
+    """Body of ``POST /update_weights_from_disk``."""
+    body: dict[str, Any] = {"model_path": str(path), "abort_all_requests": abort_all_requests,
+                            "flush_cache": flush_cache}  # fmt: skip
+    if version is not None:
+        body["weight_version"] = str(version)
+    return body
+
+
+def init_weights_update_group_payload(
+    master_address: str, master_port: int, rank_offset: int, world_size: int,
+    group_name: str = "weight_update_group", backend: str = "nccl",
+) -> dict[str, Any]:  # fmt: skip
+    """Body of ``POST /init_weights_update_group`` (server ranks start at ``rank_offset``)."""
+    if world_size < 2 or not 0 < rank_offset < world_size:
+        raise ValueError(f"need world_size >= 2 and 0 < rank_offset < world_size (got {rank_offset}/{world_size})")
+    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend}  # fmt: skip
+
+
+def update_weights_from_distributed_payload(
+    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+    version: int | str | None = None, group_name: str = "weight_update_group", flush_cache: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """Body of ``POST /update_weights_from_distributed`` announcing tensors about to be broadcast."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
+    body: dict[str, Any] = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+                            "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
+                            "flush_cache": flush_cache}  # fmt: skip
+    if version is not None:
+        body["weight_version"] = str(version)
+    return body
