@@ -114,8 +114,8 @@ def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) ->
     group.close()
     n0, n1 = marks["start"], marks["end"]
     assert len(samples) >= 3 * RSS_WINDOW, len(samples)
-    rss0, srv0 = (statistics.median(col) for col in zip(*samples[:RSS_WINDOW]))
-    rss1, srv1 = (statistics.median(col) for col in zip(*samples[-RSS_WINDOW:]))
+    rss0, srv0 = (statistics.median(col) for col in zip(*samples[:RSS_WINDOW], strict=True))
+    rss1, srv1 = (statistics.median(col) for col in zip(*samples[-RSS_WINDOW:], strict=True))
     steady = running[len(running) // 4:]
     assert leftover_tasks == 0
     assert threads_after == threads0 and conns_after == conns0 == 0
