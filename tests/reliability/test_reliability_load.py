@@ -26,7 +26,7 @@ from areal_agents.rollout import RolloutExecutor, make_episode_fn
 
 CONCURRENCY = 256
 WARMUP_S = 25.0
-MEASURE_S = 60.0
+MEASURE_S = 45.0
 RSS_TOLERANCE_MB = 40.0  # allowed growth after warm-up (allocator noise; a leak grows with episodes)
 RSS_WINDOW = 10  # memory is compared as the median of this many 1 s samples at each end of the window:
 # one reading of two servers swings by +-50 MB with the allocator (seen both ways: 896 -> 850 in a
