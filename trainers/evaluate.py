@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -14,9 +15,30 @@ from rich.table import Table
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
+from areal_agents.inference.client import InferenceClient
 from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rollout.episode import evaluate
 
-__all__ = ["cli_eval", "evaluate_model"]
+__all__ = ["cli_eval", "evaluate_model", "run_eval"]
+
+
+def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
+             progress: Any = None) -> dict[str, Any]:
+    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own, and its duration
+    (``time/eval_s``, so that training time can be told from eval time)."""
+
+    async def go() -> dict[str, Any]:
+        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout)
+        try:
+            return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                                  progress=progress)
+        finally:
+            await client.aclose()
+
+    if not rows:
+        return {}
+    t0 = time.monotonic()
+    return {**asyncio.run(go()), "time/eval_s": time.monotonic() - t0}
 
 
 def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = True) -> dict[str, Any]:
@@ -24,7 +46,6 @@ def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = T
     import transformers
 
     from areal_agents.inference.launcher import inference_servers
-    from trainers.loop import run_eval
 
     transformers.utils.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)

@@ -13,7 +13,6 @@ logs; every rank trains its FSDP2 shard on the batch rank 0 broadcasts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import random
@@ -34,11 +33,13 @@ from areal_agents.preflight import preflight
 from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor
-from areal_agents.rollout.episode import build_episode_fn, evaluate, sampling_params
+from areal_agents.rollout.episode import build_episode_fn, sampling_params
+from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import collate, load_trajectories
 from trainers.checkpoint import Checkpointer, CheckpointMismatch
 from trainers.engine import TrainEngine
+from trainers.evaluate import run_eval
 from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.rollout_only import write_rollouts
@@ -75,25 +76,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             progress: Any = None) -> dict[str, Any]:
-    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own, and its duration
-    (``time/eval_s``, so that training time can be told from eval time)."""
-
-    async def go() -> dict[str, Any]:
-        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout)
-        try:
-            return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  progress=progress)
-        finally:
-            await client.aclose()
-
-    if not rows:
-        return {}
-    t0 = time.monotonic()
-    return {**asyncio.run(go()), "time/eval_s": time.monotonic() - t0}
-
-
 def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
     """One optimiser step on finished episodes: logprobs the loss needs, advantages, update."""
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
@@ -120,6 +102,98 @@ def train_from_file(cfg: ExperimentConfig, model_path: str, spec: Any, logger: M
             logger.log(step + 1, metrics)
     final = engine.export_hf(Path(cfg.run_dir) / "final")
     return {"run_dir": cfg.run_dir, "steps": cfg.trainer.total_steps, "final_model": str(final)}
+
+
+class _Rank0:
+    """Rank 0's duties around the loop: the inference servers' rollout executor, evals, the
+    metrics log and the display. Other ranks hold one without executor or logger, whose calls
+    do nothing, so the loop in :func:`run` reads the same on every rank."""
+
+    def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
+                 addresses: list[str] | None = None, executor: RolloutExecutor | None = None) -> None:
+        self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
+        self.addresses, self.executor = addresses or [], executor
+        self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
+
+    @classmethod
+    def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, model_path: str, tokenizer: Any,
+                      display: RunDisplay, logger: MetricsLogger | None) -> _Rank0:
+        """Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor."""
+        addresses = stack.enter_context(inference_servers(cfg, model_path))
+        client = InferenceClient(addresses, schedule=cfg.inference.schedule, timeout=cfg.inference.request_timeout,
+                                 retries=cfg.inference.request_retries)
+        executor = RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
+                                                                            sampling=sampling_params(cfg)),
+                                   rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
+                                   on_shutdown=[client.aclose])
+        stack.callback(executor.shutdown)
+        return cls(cfg, tokenizer, display, logger, addresses, executor)
+
+    def rollout_only(self, run_dir: Path) -> dict[str, Any]:
+        """``mode=rollout``: write trajectories, no trainer."""
+        summary: dict[str, Any] = {"run_dir": str(run_dir)}
+        if self.executor is not None:
+            out = self.cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
+            summary.update(write_rollouts(self.executor, self.cfg.rollout.num_episodes, out,
+                                          progress=self.cfg.logging.progress), **self.executor.stats())
+        return summary
+
+    def batch(self) -> list[Trajectory]:
+        """The next batch of finished episodes, waited for on rank 0 and broadcast to every rank."""
+        groups = self.executor.prepare_batch() if self.executor is not None else []
+        return tdist.broadcast_object([t for group in groups for t in group if t.input_ids])
+
+    def pause(self) -> None:  # the executor's calls, on rank 0 only
+        if self.executor is not None:
+            self.executor.pause()
+
+    def resume(self, version: int) -> None:
+        """Rollout goes on with the weights of ``version`` (also the first start)."""
+        if self.executor is not None:
+            self.executor.set_version(version)
+            if self.executor.running:
+                self.executor.resume()
+            else:
+                self.executor.start()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.executor.state_dict() if self.executor is not None else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.executor is not None:
+            self.executor.load_state_dict(state)
+
+    def eval(self) -> dict[str, Any]:
+        return run_eval(self.cfg, self.tokenizer, self.addresses, self.test_rows, self.display.progress)
+
+    def stats(self) -> dict[str, Any]:
+        return self.executor.stats() if self.executor is not None else {}
+
+    def log(self, step: int, metrics: dict[str, Any], trajs: list[Trajectory] | None = None) -> None:
+        if self.logger is not None:
+            self.logger.log(step, metrics)
+            if trajs is not None:
+                self.logger.log_samples(step, trajs)
+
+    def finish(self, summary: dict[str, Any], *, plots: bool = False) -> dict[str, Any]:
+        """Close the log, draw the plots (of an RL run) and show the summary (rank 0)."""
+        if self.logger is None:
+            return summary
+        self.logger.close()
+        if plots and self.cfg.logging.plots:
+            from areal_agents.plotting import plot_run
+
+            summary["plots"] = [str(p) for p in plot_run(summary["run_dir"])]
+        self.display.summary(summary)
+        return summary
+
+
+def _trainer_threads(cfg: ExperimentConfig) -> None:
+    """On a CPU shared with embedded servers, the trainer takes the cores they leave."""
+    if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
+        # the embedded servers hold cpus // (n + 1) threads each; oversubscribed OpenMP pools busy-wait
+        cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
+        torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
 
 
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -150,65 +224,33 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
-    if cfg.mode == "train":
-        summary = train_from_file(cfg, model_path, spec, logger)
-        if logger is not None:
-            logger.close()
-            display.summary(summary)
-        return summary
+    if cfg.mode == "train":  # trainer-only debug mode
+        return _Rank0(cfg, tokenizer, display, logger).finish(train_from_file(cfg, model_path, spec, logger))
 
-    summary: dict[str, Any] = {"run_dir": str(run_dir)}
     with contextlib.ExitStack() as stack:
-        # 2. Rank 0: inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor.
-        addresses: list[str] = []
-        executor: RolloutExecutor | None = None
-        test_rows: list[dict[str, Any]] = []
-        if main:
-            addresses = stack.enter_context(inference_servers(cfg, model_path))
-            client = InferenceClient(addresses, schedule=cfg.inference.schedule,
-                                     timeout=cfg.inference.request_timeout, retries=cfg.inference.request_retries)
-            executor = RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
-                                                                                sampling=sampling_params(cfg)),
-                                       rows=load_dataset_rows(cfg, "train"), seed=cfg.seed,
-                                       shuffle=cfg.data.shuffle, on_shutdown=[client.aclose])
-            stack.callback(executor.shutdown)
-            test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n]
-        if cfg.mode == "rollout":  # inference-only debug mode: write trajectories
-            if executor is not None:
-                out = cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
-                summary.update(write_rollouts(executor, cfg.rollout.num_episodes, out,
-                                              progress=cfg.logging.progress), **executor.stats())
-            if logger is not None:
-                logger.close()
-                display.summary(summary)
-            return summary
+        # 2. Rank 0: inference servers and the rollout executor.
+        r0 = (_Rank0.start_servers(cfg, stack, model_path, tokenizer, display, logger) if main
+              else _Rank0(cfg, tokenizer, display, logger))
+        if cfg.mode == "rollout":  # inference-only debug mode
+            return r0.finish(r0.rollout_only(run_dir))
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
-        if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
-            # the embedded servers hold cpus // (n + 1) threads each; oversubscribed OpenMP pools busy-wait
-            cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
-            torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
+        _trainer_threads(cfg)
         engine = TrainEngine(cfg, model_path)
-        sync = make_weight_sync(cfg, addresses, run_dir / "weights")
+        sync = make_weight_sync(cfg, r0.addresses, run_dir / "weights")
         stack.callback(sync.close)
         step = version = 0
         if resume_from is not None:
             state = ckpt.load(engine, resume_from)
             step, version = state["step"], state["version"]
-            if executor is not None:
-                executor.load_state_dict(state["rollout"])
+            r0.load_state_dict(state["rollout"])
             sync.sync(engine, version)
             display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
-        if executor is not None:
-            executor.set_version(version)
-        stack.enter_context(ckpt.save_on_sigterm(
-            lambda: (engine, step, version, executor.state_dict() if executor else None)))
+        stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
-        before = run_eval(cfg, tokenizer, addresses, test_rows, display.progress)
-        if logger is not None:
-            logger.log(step, before)
-        if executor is not None:
-            executor.start()
+        before = r0.eval()
+        r0.log(step, before)
+        r0.resume(version)
         display.start(total=cfg.trainer.total_steps, done=step)
         while step < cfg.trainer.total_steps and not ckpt.stop_requested():
             out_of_time = cfg.trainer.max_time_s is not None and time.monotonic() - t_start > cfg.trainer.max_time_s
@@ -217,57 +259,42 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 break
             # 4. One step: rank 0 waits for a batch of finished groups; every rank trains on it.
             t0 = time.monotonic()
-            groups = executor.prepare_batch() if executor is not None else []
-            trajs = tdist.broadcast_object([t for group in groups for t in group if t.input_ids])
+            trajs = r0.batch()
             t1 = time.monotonic()
             metrics = train_step(engine, spec, cfg, trajs)
             t2 = time.monotonic()
             # 5. New weights to the servers while rollout is paused: version + 1.
-            if executor is not None:
-                executor.pause()
+            r0.pause()
             version += 1
             sync.sync(engine, version)
             while sync.events:
                 display.note(sync.events.pop(0))
-            if executor is not None:
-                executor.set_version(version)
-                executor.resume()
+            r0.resume(version)
             step += 1
-            if executor is not None:
-                metrics.update(executor.stats())
+            metrics.update(r0.stats())
             metrics.update({
                 "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
                 "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
-                metrics.update(run_eval(cfg, tokenizer, addresses, test_rows, display.progress))
-            if logger is not None:
-                logger.log(step, metrics)
-                logger.log_samples(step, trajs)
+                metrics.update(r0.eval())
+            r0.log(step, metrics, trajs)
             display.update(step, metrics)
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
-                ckpt.save(engine, step=step, version=version, rollout=executor.state_dict() if executor else None)
+                ckpt.save(engine, step=step, version=version, rollout=r0.state_dict())
         display.stop()
 
         # 6. Final eval, weights, summary.
-        after = run_eval(cfg, tokenizer, addresses, test_rows, display.progress)
+        after = r0.eval()
         final_dir = engine.export_hf(run_dir / "final")
-        if logger is not None:
-            logger.log(step, {**after, "version": version})
-            summary.update(
-                steps=step, version=version, wall_time_s=round(time.monotonic() - t_start, 1),
-                accuracy_before=before.get("eval/accuracy"), accuracy_after=after.get("eval/accuracy"),
-                final_model=str(final_dir), metrics=str(run_dir / "metrics.jsonl"),
-                gen_tokens_per_s=float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in logger.history[1:]]
-                                               or [0.0])),
-            )
-    if logger is None:
-        return summary
-    logger.close()
-    if cfg.logging.plots:
-        from areal_agents.plotting import plot_run
-
-        summary["plots"] = [str(p) for p in plot_run(run_dir)]
-    display.summary(summary)
-    return summary
+        r0.log(step, {**after, "version": version})
+        history = logger.history[1:] if logger is not None else []
+        summary = {
+            "run_dir": str(run_dir), "steps": step, "version": version,
+            "wall_time_s": round(time.monotonic() - t_start, 1), "accuracy_before": before.get("eval/accuracy"),
+            "accuracy_after": after.get("eval/accuracy"), "final_model": str(final_dir),
+            "metrics": str(run_dir / "metrics.jsonl"),
+            "gen_tokens_per_s": float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in history] or [0.0])),
+        }
+    return r0.finish(summary, plots=True)
