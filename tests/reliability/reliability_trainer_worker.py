@@ -77,7 +77,16 @@ def _main() -> None:
         return inner
 
     dcp.save = wrap(dcp.save, "dcp")
-    ck._fsync_tree = wrap(ck._fsync_tree, "fsync")
+    publish = ck.publish_dir
+
+    def synced_not_renamed(tmp: Any, out: Any) -> Any:  # every file written and fsynced, not yet renamed
+        real_rename, os.rename = os.rename, lambda *a: (park("fsync"), real_rename(*a))[1]  # type: ignore[assignment]
+        try:
+            return publish(tmp, out)
+        finally:
+            os.rename = real_rename  # type: ignore[assignment]
+
+    ck.publish_dir = synced_not_renamed  # type: ignore[assignment]
     prune = Checkpointer._prune
     Checkpointer._prune = lambda self: (park("prune"), prune(self))[1]  # type: ignore[method-assign]
 
