@@ -29,6 +29,7 @@ from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
 from trainers.hf_io import TORCH_DTYPES, write_hf_dir
+from trainers.prompt_packing import Packed, pack_prompts
 
 __all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
@@ -104,6 +105,10 @@ class ShardedModel:
                 lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
             model = ValueModel(lm) if kind == "value" else lm
         self.kind, self.config = kind, lm.config
+        # custom block masks need an attention that takes a 4D mask (not flash-attention kernels)
+        self.pack_prompts = (cfg.actor.pack_prompts and kind == "lm"
+                             and lm.config._attn_implementation in ("sdpa", "eager"))
+        self.pad_token_id = int(lm.config.pad_token_id or 0)
         model.to(device)
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
@@ -136,12 +141,26 @@ class ShardedModel:
                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``, 0 on padding."""
         attn = mb["attention_mask"].to(device)
+        packed = self._packed(mb)
+        if packed is not None:  # the prompt a group's rows share runs once (trainers.prompt_packing)
+            logits = self.model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                                attention_mask=packed.attention_mask.to(device), use_cache=False).logits
+            out = logits.reshape(-1, logits.shape[-1])[packed.gather.to(device)]
+            logp, ent = token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
+            return logp * attn, (ent * attn if ent is not None else None)
         out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
         if self.kind == "value":  # values[:, t] = value of the state before token t
             return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
         out = out.logits
         logp, ent = token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
         return logp * attn, (ent * attn if ent is not None else None)
+
+    def _packed(self, mb: Batch) -> Packed | None:
+        """The micro-batch with shared prompts packed, when that saves tokens (policy and reference)."""
+        if not self.pack_prompts or "loss_mask" not in mb:
+            return None
+        packed = pack_prompts(mb["input_ids"], mb["loss_mask"], seq_lens(mb), self.pad_token_id)
+        return packed if packed is not None and packed.tokens < 0.8 * mb["input_ids"].numel() else None
 
     def clip_and_step(self, max_norm: float) -> float:
         """Clip gradients (``max_norm`` 0 = off), step unless the norm is not finite; return the norm."""

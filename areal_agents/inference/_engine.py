@@ -90,7 +90,7 @@ class Engine:
         self.kv = BatchKV(model.config, self.device, torch.float32 if self.device.type == "cpu" else model.dtype)
         self._last_tok = torch.empty(0, dtype=torch.long, device=self.device)
         self._params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "tokens": 0, "errors": 0}
+        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "prefill_rows": 0, "tokens": 0, "errors": 0}
         self.error: BaseException | None = None
 
     # ----------------------------------------------------------------- thread-safe API
@@ -221,10 +221,13 @@ class Engine:
             return
         self._admitting = group
         seqs = [r.prompt + r.output_ids for r in group]
+        # Requests with the same tokens (the samples of a group) share one prefill row.
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(s), len(first)) for s in seqs]
         length = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), length), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((len(seqs), length), dtype=torch.bool)
-        for i, s in enumerate(seqs):
+        ids = torch.full((len(first), length), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((len(first), length), dtype=torch.bool)
+        for i, s in enumerate(first):
             ids[i, length - len(s) :] = torch.tensor(s, dtype=torch.long)
             valid[i, length - len(s) :] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
@@ -236,15 +239,16 @@ class Engine:
         out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=0 if scored else 1)  # fmt: skip
         self.metrics["prefills"] += 1
+        self.metrics["prefill_rows"] += len(first)
         for i in scored:  # a retracted request keeps the prompt logprobs of its first prefill
             req = group[i]
-            rows = out.logits[i, length - len(seqs[i]) :]
+            rows = out.logits[src[i], length - len(seqs[i]) :]
             req.input_logprobs, req.input_top = prompt_logprobs(rows, req.prompt, req.logprob_start,
                                                                 req.top_logprobs_num)  # fmt: skip
-        tokens, lps, tops = self._sample(out.logits[:, -1], group)
+        tokens, lps, tops = self._sample(out.logits[src, -1], group)
         keep = [i for i, req in enumerate(group) if not self._append(req, tokens[i], lps[i], tops[i])]
         if keep:
-            self.kv.merge(cache, valid, keep)
+            self.kv.merge(cache, valid, [src[i] for i in keep])
             self.rows.extend(group[i] for i in keep)
             self._last_tok = torch.cat([self._last_tok, torch.tensor([tokens[i] for i in keep], device=self.device)])
             self._params = None

@@ -90,3 +90,28 @@ def test_sampling_filters_do_not_change_logprobs() -> None:
     order = probs.argsort(descending=True)
     nucleus = order[: int((probs[order].cumsum(0) < 0.3).sum()) + 1]
     assert tokens[2] in nucleus
+
+
+def test_identical_requests_share_one_prefill_row_and_sample_independently(engine: Engine) -> None:
+    """A group's samples (same prompt) are prefilled once, then each samples on its own: the
+    greedy ones agree with a lone request token for token, the sampled ones differ."""
+    lone = run_all(engine, [GenRequest(rid="lone", prompt=[5, 6, 7, 8], max_new_tokens=6, temperature=0.0,
+                                       ignore_eos=True)])[0]
+    engine.call(lambda: engine.set_paused(True)).result(10)
+    before = dict(engine.metrics)
+    greedy = [GenRequest(rid=f"g{i}", prompt=[5, 6, 7, 8], max_new_tokens=6, temperature=0.0, ignore_eos=True)
+              for i in range(3)]
+    sampled = [GenRequest(rid=f"s{i}", prompt=[5, 6, 7, 8], max_new_tokens=6, ignore_eos=True) for i in range(5)]
+    done = threading.Semaphore(0)
+    for r in greedy + sampled:
+        r.done = lambda _r: done.release()
+        engine.submit(r)
+    engine.call(lambda: engine.set_paused(False)).result(10)
+    for _ in range(8):
+        assert done.acquire(timeout=60)
+    assert engine.metrics["prefills"] - before["prefills"] == 1  # all eight admitted together...
+    assert engine.metrics["prefill_rows"] - before["prefill_rows"] == 1  # ...on one prefill row
+    for r in greedy:
+        assert r.output_ids == lone.output_ids
+        assert r.logprobs == pytest.approx(lone.logprobs, abs=1e-5)
+    assert len({tuple(r.output_ids) for r in sampled}) > 1

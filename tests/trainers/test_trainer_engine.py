@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 import torch
 from trainer_helpers import (
+    VOCAB,
     hsdp_worker,
     linear_adam,
     make_cfg,
@@ -18,6 +20,7 @@ from trainer_helpers import (
     train_worker,
 )
 
+from areal_agents.types import Trajectory
 from trainers.dist import spawn
 from trainers.engine import TrainEngine, lr_lambda, token_logprobs
 
@@ -217,3 +220,56 @@ def test_bfloat16_mixed_precision_keeps_float32_master_weights(model_dir: Path) 
     assert b["loss"] == pytest.approx(a["loss"], rel=2e-2)
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # sharded master copy
     assert all(opt_state["exp_avg"].dtype == torch.float32 for opt_state in bf16.actor.optimizer.state.values())
+
+
+def _groups_sharing_prompts(n_groups: int, size: int, seed: int) -> list[Trajectory]:
+    """``size`` samples per prompt (some multi-turn, mixed lengths) as GRPO groups have them."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(2, VOCAB) for _ in range(rng.randint(3, 12))]
+        for _ in range(size):
+            turns = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 8))] for _ in range(rng.randint(1, 2))]
+            ids, mask, spans = list(prompt), [0] * len(prompt), []
+            for k, turn in enumerate(turns):
+                if k:  # an env reply between turns
+                    ids += [5, 6]
+                    mask += [0, 0]
+                spans.append((len(ids), len(ids) + len(turn)))
+                ids += turn
+                mask += [1] * len(turn)
+            traj = Trajectory(input_ids=ids, loss_mask=mask, logprobs=[-rng.random() if m else 0.0 for m in mask],
+                              versions=[0 if m else -1 for m in mask], turn_spans=spans, group_id=f"g{g}")
+            traj.set_rewards([rng.random() for _ in spans], 0.9)
+            out.append(traj)
+    return out
+
+
+def test_packed_prompts_give_the_same_logprobs_loss_and_update(model_dir: Path) -> None:
+    from algorithms.specs import get_algorithm
+    from trainers.batching import collate, seq_lens
+    from trainers.prompt_packing import pack_prompts
+
+    trajs = _groups_sharing_prompts(4, 8, seed=5)
+    batch = collate(trajs)
+    packed = pack_prompts(batch["input_ids"], batch["loss_mask"], seq_lens(batch))
+    assert packed is not None and packed.input_ids.shape[0] == 4
+    assert int(packed.attention_mask.sum()) < int(batch["attention_mask"].sum()) ** 2  # and far fewer tokens:
+    assert sum(int(x) for x in (packed.input_ids != 0).sum(1)) < 0.8 * int(batch["attention_mask"].sum())
+    assert pack_prompts(batch["input_ids"][::8], batch["loss_mask"][::8], seq_lens(batch)[::8]) is None
+
+    spec = get_algorithm("grpo")
+    engines = {p: TrainEngine(make_cfg(pack_prompts=p, lr=1e-3), model_dir) for p in (False, True)}
+    assert engines[True].actor._packed(batch) is not None and engines[False].actor._packed(batch) is None
+    got = {p: e.compute_logprobs(trajs, temperature=0.8) for p, e in engines.items()}
+    torch.testing.assert_close(got[True], got[False], atol=2e-5, rtol=1e-5)
+    stats = {}
+    for p, engine in engines.items():
+        b = engine.to_batch(trajs)
+        b["advantages"] = spec.advantage_fn()(b, engine.cfg.algorithm)
+        stats[p] = [engine.train_batch(b, spec.loss_fn()) for _ in range(2)]
+    for k in ("loss", "grad_norm", "train/entropy", "train/clip_frac"):
+        assert stats[True][-1][k] == pytest.approx(stats[False][-1][k], rel=1e-4, abs=1e-6), k
+    pa, pb = _params(engines[True]), _params(engines[False])
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], atol=1e-5, rtol=1e-4)
