@@ -66,24 +66,22 @@ def _unknown_key(key: str, known: dict[str, bool]) -> ConfigError:
 
 
 def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
-    """Reject keys the schema does not have, naming the full dotted key."""
-    if not isinstance(node, DictConfig):
+    """Reject keys the schema does not have, naming the full dotted key (``node``: plain containers)."""
+    if not isinstance(node, dict):
         return
-    for key in node.keys():
+    for key, child in node.items():
         full = f"{prefix}{key!s}"
         if full not in known:
-            child = node._get_node(key)
-            while isinstance(child, DictConfig) and len(child) > 0:  # name the full leaf key
-                first = next(iter(child.keys()))
-                full, child = f"{full}.{first!s}", child._get_node(first)
+            while isinstance(child, dict) and child:  # name the full leaf key
+                first = next(iter(child))
+                full, child = f"{full}.{first!s}", child[first]
             raise _unknown_key(full, known)
-        child = node._get_node(key)
         if known[full]:  # free-form mapping such as env.kwargs
-            if not isinstance(child, DictConfig) and not (child is None or child._is_none()):
+            if child is not None and not isinstance(child, dict):
                 raise ConfigError(full, "must be a mapping of key: value")
             continue
         is_section = any(k.startswith(full + ".") for k in known)
-        if is_section and not isinstance(child, DictConfig):
+        if is_section and not isinstance(child, dict):
             raise ConfigError(full, "is a section: set its fields, e.g. " + next(k for k in known if k.startswith(full + ".")) + "=...")
         _check_keys(child, known, full + ".")
 
@@ -107,7 +105,7 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
 def _materialise(node: DictConfig, prefix: str) -> Any:
     """``OmegaConf.to_object`` depth first, so a failing ``__post_init__`` gets its path."""
     for key in node.keys():
-        child = node._get_node(key)
+        child = node[key]
         if isinstance(child, DictConfig) and OmegaConf.get_type(child) not in (dict, None):
             _materialise(child, f"{prefix}{key!s}.")
     try:
@@ -303,7 +301,7 @@ def _layers(
     given = [layer for _, layer in layers]
     known = _leaf_keys()
     for layer in given:
-        _check_keys(layer, known)
+        _check_keys(OmegaConf.to_container(layer, resolve=False), known)
     _import_user_modules(given)
     if (allocation := _allocation_layer(given)) is not None:
         layers.insert(0, ("allocation_mode", allocation))
@@ -320,7 +318,8 @@ def _unmergeable_key(base: DictConfig, layer: DictConfig, prefix: str = "") -> s
         try:
             OmegaConf.merge(base, OmegaConf.masked_copy(layer, [str(key)]))
         except Exception:  # noqa: BLE001 - whatever merge raised, this key is the one
-            child, base_child = layer._get_node(key), base._get_node(key) if key in base else None
+            child = OmegaConf.select(layer, str(key), throw_on_resolution_failure=False)
+            base_child = OmegaConf.select(base, str(key), throw_on_resolution_failure=False)
             if isinstance(child, DictConfig) and isinstance(base_child, DictConfig):
                 return _unmergeable_key(base_child, child, f"{prefix}{key!s}.")
             return f"{prefix}{key!s}"
