@@ -33,3 +33,16 @@ def load_tokenizer(model: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model)
+
+
+def reforward(model_dir: Path, prompt: list[int], output: list[int], temperature: float = 1.0) -> tuple[list[float], list[int]]:
+    """log_softmax(logits / T) of ``output`` after ``prompt`` in one full forward pass, and the
+    greedy (argmax) token at each of those positions."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1: -1]
+    return logp.gather(1, torch.tensor(output)[:, None]).squeeze(1).tolist(), logp.argmax(-1).tolist()
