@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai_support import ADD_TOOL, build_model, load_tokenizer
 
 from areal_agents.inference.tiny_model import CHAT_TEMPLATE
 from areal_agents.openai_compat.client import EpisodeClient
@@ -20,7 +20,6 @@ from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.tools import parse_tool_calls
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.testing import ScriptedLLM
-from openai_support import ADD_TOOL, build_model, load_tokenizer
 
 USER = [{"role": "user", "content": "What is 2 + 3?"}]
 
