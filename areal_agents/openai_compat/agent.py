@@ -108,7 +108,8 @@ class OpenAIAgent(Agent):
         info.update(num_calls=len(session.records), num_trajectories=len(trajs),
                     turn_finish_reasons=[r.finish_reason for r in session.records])
         main.info.update(jsonable(info))
-        cut = main.turn_spans[0][0]
-        main.prompt_text = llm.tokenizer.decode(main.input_ids[:cut], skip_special_tokens=False)
-        main.completion_text = llm.tokenizer.decode(main.input_ids[cut:], skip_special_tokens=False)
+        for traj in trajs:  # the texts the run's samples log shows
+            cut = traj.turn_spans[0][0]
+            traj.prompt_text = llm.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)
+            traj.completion_text = llm.tokenizer.decode(traj.input_ids[cut:], skip_special_tokens=False)
         return main

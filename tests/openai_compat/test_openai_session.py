@@ -20,6 +20,7 @@ from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.tools import parse_tool_calls
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.testing import ScriptedLLM
+from areal_agents.types import Trajectory
 
 USER = [{"role": "user", "content": "What is 2 + 3?"}]
 
@@ -183,3 +184,23 @@ def test_in_process_client_returns_the_official_types(tokenizer: Any) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there."
     assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == \
         len(session.records[1].completion_ids)
+
+
+def test_segments_travel_with_the_episode_and_flatten_for_training(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["a", "b"])
+
+    async def agent() -> None:
+        for text in ("first", "second"):  # unrelated prompts: two trajectories
+            await session.create(parse_request({"model": "m", "messages": [{"role": "user", "content": text}]}))
+
+    asyncio.run(agent())
+    *others, main = assemble(session.records, 1.0, 0.5)
+    main.segments, main.group_id, main.start_version = others, "g7", 4
+    back = Trajectory.from_json(main.to_json())
+    assert back.segments[0].input_ids == others[0].input_ids and back.segments[0].reward == 0.5
+    flat = back.flatten()
+    assert [t.reward for t in flat] == [0.5, 1.0] and all(not t.segments for t in flat)
+    assert {(t.group_id, t.start_version) for t in flat} == {("g7", 4)}
+    back.segments[0].loss_mask.pop()
+    with pytest.raises(ValueError, match="loss_mask"):
+        back.validate()
