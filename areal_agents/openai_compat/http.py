@@ -66,6 +66,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         return _error(err)
     except InferenceError as exc:
         return _error(APIError(f"generation failed: {exc}", status=502, type="server_error"))
+    except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving, and answers in OpenAI's shape
+        return _error(APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error"))
     if not req.stream:
         return web.json_response(completion)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

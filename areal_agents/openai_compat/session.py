@@ -134,8 +134,11 @@ class ChatSession:
                 fork.top_logprobs = req.top_logprobs
         try:
             texts = await asyncio.gather(*(f.chat(messages, tools=req.tools, **sampling) for f in forks))
-        except ValueError as exc:  # the template cannot render these messages
-            raise APIError(f"messages: {exc}", param="messages") from None
+        except Exception as exc:
+            if isinstance(exc, ValueError) or type(exc).__module__.startswith("jinja2"):
+                # the chat template cannot render these messages (e.g. roles it does not know)
+                raise APIError(f"messages: the chat template cannot render them: {exc}", param="messages") from None
+            raise
         request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         choices: list[dict[str, Any]] = []
         prompt_tokens = completion_tokens = 0

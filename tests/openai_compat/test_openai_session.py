@@ -204,3 +204,12 @@ def test_segments_travel_with_the_episode_and_flatten_for_training(tokenizer: An
     back.segments[0].loss_mask.pop()
     with pytest.raises(ValueError, match="loss_mask"):
         back.validate()
+
+
+def test_a_template_that_refuses_the_messages_is_a_400(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["a"])
+    session.tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    session.tokenizer.chat_template = "{{ raise_exception('only user messages') }}"
+    with pytest.raises(APIError) as info:
+        asyncio.run(session.create(parse_request({"model": "m", "messages": USER})))
+    assert info.value.status == 400 and "only user messages" in info.value.message and not session.records
