@@ -133,7 +133,10 @@ class ChatSession:
             if isinstance(fork, _ChainLLM):
                 fork.top_logprobs = req.top_logprobs
         try:
-            texts = await asyncio.gather(*(f.chat(messages, tools=req.tools, **sampling) for f in forks))
+            if len(forks) == 1:
+                texts = [await forks[0].chat(messages, tools=req.tools, **sampling)]
+            else:
+                texts = list(await asyncio.gather(*(f.chat(messages, tools=req.tools, **sampling) for f in forks)))
         except Exception as exc:
             if isinstance(exc, ValueError) or type(exc).__module__.startswith("jinja2"):
                 # the chat template cannot render these messages (e.g. roles it does not know)
