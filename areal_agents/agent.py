@@ -117,6 +117,8 @@ class ChatAgent(Agent):
     ``max_tokens``), steps the env with the reply and appends the env's observation, until
     the env terminates or truncates, ``max_turns`` replies were made, or ``max_tokens``
     generated tokens are used. Per-turn env rewards are discounted by ``turn_discount``.
+    ``tools`` (OpenAI function specs) are rendered into the prompt by the chat template; the
+    env sees the raw reply, tool-call markup (``<tool_call>{...}</tool_call>``) included.
     An exception from the env ends the episode with ``status="env_error"``; a reward failure
     reported by the env (``info["reward_status"]``) sets ``reward_error``/``timeout``; a
     generation aborted by the server sets ``aborted``. The env's ``info["success"]`` is kept;
@@ -133,6 +135,7 @@ class ChatAgent(Agent):
         system_prompt: str | None = None,
         turn_discount: float = 1.0,
         sampling: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"ChatAgent: max_turns must be >= 1 (got {max_turns})")
@@ -143,6 +146,7 @@ class ChatAgent(Agent):
         self.system_prompt = system_prompt
         self.turn_discount = check_turn_discount(turn_discount)
         self.sampling = dict(sampling or {})
+        self.tools = [dict(t) for t in tools] if tools else None
 
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
         info: dict[str, Any] = {}
@@ -162,7 +166,7 @@ class ChatAgent(Agent):
             per_turn = int(self.sampling.get("max_new_tokens", budget))
             sampling = {**self.sampling, "max_new_tokens": max(1, min(per_turn, budget))}
             before = llm.num_generated
-            text = await llm.chat(messages, **sampling)
+            text = await llm.chat(messages, tools=self.tools, **sampling)
             budget -= llm.num_generated - before
             messages.append({"role": "assistant", "content": text})
             gen = llm.last_generation

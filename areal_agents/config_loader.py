@@ -86,6 +86,9 @@ def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
         _check_keys(child, known, full + ".")
 
 
+_NAMED_SECTIONS = ("env", "agent", "algorithm", "data")
+
+
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
@@ -93,6 +96,8 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     merged = OmegaConf.create()
     for item in overrides:
         key, value = item.split("=", 1)
+        if key in _NAMED_SECTIONS and not value.lstrip().startswith("{"):  # agent=NAME is agent.name=NAME
+            key, item = f"{key}.name", f"{key}.name={value}"
         try:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))  # type: ignore[assignment]
         except OmegaConfBaseException as exc:

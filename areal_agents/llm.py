@@ -8,6 +8,7 @@ new messages' tokens, so the trainer sees exactly what was sampled. Backends imp
 
 from __future__ import annotations
 
+import copy
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -91,7 +92,15 @@ class LLM(ABC):
         self._spans: list[tuple[int, int]] = []
         self._finish_reasons: list[str] = []
         self._messages: list[dict[str, Any]] = []
+        self._tools: list[dict[str, Any]] | None = None
         self.last_generation: Generation | None = None
+
+    def fork(self) -> LLM:
+        """A copy of this handle whose recording goes on separately (e.g. for ``n`` samples of one prompt)."""
+        twin = copy.copy(self)
+        for name in ("_ids", "_mask", "_logprobs", "_versions", "_spans", "_finish_reasons", "_messages"):
+            setattr(twin, name, list(getattr(self, name)))
+        return twin
 
     # -- recorded state ---------------------------------------------------------------------
     @property
@@ -150,8 +159,9 @@ class LLM(ABC):
         return list(ids)
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        extra = {"tools": self._tools} if self._tools else {}
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
         )
         if not isinstance(text, str):
             raise TypeError(f"tokenizer.apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
@@ -237,8 +247,12 @@ class LLM(ABC):
                 end = end[len(last):]
         self._append(self._encode(end), generated=False)
 
-    async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> str:
+    async def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                   **sampling: Any) -> str:
         """Reply to ``messages`` (OpenAI-style dicts) and record the exact tokens.
+
+        ``tools`` (OpenAI function specs) are passed to the chat template; they are fixed by
+        the first call of an episode (a later call must pass the same ones or none).
 
         The first call renders the chat template with a generation prompt. Later calls must
         pass the previous conversation (including the assistant replies this method returned)
@@ -251,6 +265,7 @@ class LLM(ABC):
         if n == 0:
             if not messages:
                 raise ValueError("llm.chat: messages is empty")
+            self._tools = [dict(t) for t in tools] if tools else None
             prompt = self._render(messages, True)
             ids = self._encode(prompt)
             self._append(ids, generated=False)
@@ -258,7 +273,7 @@ class LLM(ABC):
             if len(messages) <= n or any(
                 a.get("role") != b.get("role") or (a.get("role") != "assistant" and a.get("content") != b.get("content"))
                 for a, b in zip(messages[:n], self._messages, strict=True)
-            ):
+            ) or (tools and tools != self._tools):
                 raise ValueError(
                     f"llm.chat: messages must repeat the {n} messages of this episode so far (with the replies "
                     "chat returned) and add at least one new message; use a new LLM (or llm.reset()) per episode"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = ["STATUSES", "Trajectory", "check_turn_discount", "discounted_returns", "is_turn_discount"]
@@ -65,6 +65,9 @@ class Trajectory:
     finish_reason: str = "stop"
     prompt_text: str = ""
     completion_text: str = ""
+    segments: list[Trajectory] = field(default_factory=list)
+    """More trajectories of the same episode, trained beside this one: the calls of an agent
+    whose prompts did not extend this token sequence (see ``areal_agents.openai_compat``)."""
 
     # -- derived ------------------------------------------------------------------------
     @property
@@ -88,6 +91,15 @@ class Trajectory:
         self.turn_rewards = [float(r) for r in turn_rewards]
         self.reward, self.turn_returns = discounted_returns(self.turn_rewards, turn_discount)
 
+    def flatten(self) -> list[Trajectory]:
+        """The episode's trajectories to train on: its ``segments`` (with this one's group,
+        start version and status), then this one without them."""
+        if not self.segments:
+            return [self]
+        extra = [replace(s, group_id=self.group_id, start_version=self.start_version, status=self.status)
+                 for s in self.segments]
+        return [*extra, replace(self, segments=[])]
+
     def validate(self) -> None:
         """Raise ``ValueError`` if the token-aligned fields disagree."""
         n = len(self.input_ids)
@@ -101,11 +113,14 @@ class Trajectory:
         for start, end in self.turn_spans:
             if not 0 <= start <= end <= n:
                 raise ValueError(f"trajectory.turn_spans entry {(start, end)} is outside 0..{n}")
+        for segment in self.segments:
+            segment.validate()
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["turn_spans"] = [list(s) for s in self.turn_spans]
+        d["segments"] = [s.to_dict() for s in self.segments]
         return d
 
     @classmethod
@@ -113,6 +128,7 @@ class Trajectory:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         traj = cls(**known)
         traj.turn_spans = [(int(a), int(b)) for a, b in traj.turn_spans]
+        traj.segments = [s if isinstance(s, Trajectory) else cls.from_dict(s) for s in traj.segments]
         return traj
 
     def to_json(self) -> str:

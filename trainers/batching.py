@@ -204,5 +204,5 @@ def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
             traj.validate()
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}:{lineno}: {exc}") from None
-        trajs.append(traj)
+        trajs += traj.flatten()
     return trajs

@@ -141,7 +141,7 @@ class _Rank0:
     def batch(self) -> list[Trajectory]:
         """The next batch of finished episodes, waited for on rank 0 and broadcast to every rank."""
         groups = self.executor.prepare_batch() if self.executor is not None else []
-        return tdist.broadcast_object([t for group in groups for t in group if t.input_ids])
+        return tdist.broadcast_object([s for group in groups for t in group for s in t.flatten() if s.input_ids])
 
     def pause(self) -> None:  # the executor's calls, on rank 0 only
         if self.executor is not None:

@@ -193,10 +193,13 @@ class InferenceClient:
             if idx < 0 or not self._alive():
                 await asyncio.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
 
-    async def generate(self, input_ids: Sequence[int], sampling: dict[str, Any], rid: str | None = None) -> Generation:
+    async def generate(self, input_ids: Sequence[int], sampling: dict[str, Any], rid: str | None = None, *,
+                       top_logprobs: int = 0) -> Generation:
         """Complete ``input_ids`` with SGLang ``sampling`` params, resuming after aborts.
 
-        ``rid`` (e.g. the episode id) keeps the episode's requests on one server.
+        ``rid`` (e.g. the episode id) keeps the episode's requests on one server. With
+        ``top_logprobs`` > 0, ``info["top_logprobs"]`` holds, per output token, the server's
+        ``[[logprob, token_id, text], ...]`` of its most likely tokens.
         """
         if sampling.get("n", 1) not in (1, None):
             raise ValueError("InferenceClient.generate makes one completion per call; call it n times instead of n > 1")
@@ -208,14 +211,21 @@ class InferenceClient:
         lps: list[float] = []
         versions: list[int] = []
         texts: list[str] = []
+        tops: list[Any] = []
         finish: dict[str, Any] = {"type": "length", "length": 0}
         resumes = empty = 0
         while True:
             params = {**sampling, "max_new_tokens": budget - len(out)}
             if min_new:
                 params["min_new_tokens"] = max(0, min_new - len(out))
-            body, url = await self._post({"input_ids": prompt + out, "sampling_params": params, "return_logprob": True}, rid)
+            payload = {"input_ids": prompt + out, "sampling_params": params, "return_logprob": True}
+            if top_logprobs > 0:
+                payload["top_logprobs_num"] = top_logprobs
+            body, url = await self._post(payload, rid)
             ids, seg_lps, seg_versions, finish, text = parse_generate_reply(body, url)
+            if top_logprobs > 0:
+                seg_tops = body["meta_info"].get("output_top_logprobs")
+                tops += seg_tops if isinstance(seg_tops, list) and len(seg_tops) == len(ids) else [[]] * len(ids)
             out += ids
             lps += seg_lps
             versions += seg_versions
@@ -237,5 +247,6 @@ class InferenceClient:
             versions=versions,
             finish_reason=finish["type"],
             text="".join(texts),
-            info={"finish": finish, "resumes": resumes, "server": url},
+            info={"finish": finish, "resumes": resumes, "server": url,
+                  **({"top_logprobs": tops} if top_logprobs > 0 else {})},
         )

@@ -369,6 +369,10 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
         if path == "/flush_cache":
             r.add_post(path, handler)
 
+    from areal_agents.openai_compat.http import add_serve_routes
+
+    add_serve_routes(app, engine.tokenizer)  # OpenAI-compatible /v1/chat/completions over this server's /generate
+
     async def lifecycle(app: web.Application) -> Any:
         if not engine.alive:
             engine.start()

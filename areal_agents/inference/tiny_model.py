@@ -34,10 +34,31 @@ BOS_TOKEN = "<|im_start|>"
 PAD_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
 
-# ChatML, as Qwen models use it: every message is "<|im_start|>role\ncontent<|im_end|>\n".
+# ChatML, as Qwen models use it: every message is "<|im_start|>role\ncontent<|im_end|>\n". With
+# ``tools`` (OpenAI function specs) the tool format of Qwen2.5/Hermes models: the specs go into the
+# system turn inside <tools></tools>, an assistant's calls are written after its content as
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call>, and ``tool`` messages are tool turns.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ 'Tools:\n<tools>\n' }}"
+    "{% for tool in tools %}{{ (tool['function'] if tool['function'] is defined else tool) | tojson }}"
+    "{{ '\n' }}{% endfor %}"
+    "{{ '</tools>\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>'"
+    " + '<|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% if not (tools and loop.first and message['role'] == 'system') %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{{ '<tool_call>{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+    "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
+    "{{ '}</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -51,7 +72,7 @@ _SPLIT_REGEX = (
 )
 
 # Bump when the builder's output changes, so cached models are rebuilt.
-_BUILDER_VERSION = 2
+_BUILDER_VERSION = 3
 
 # Role names the chat template writes into every prompt: the tokenizer learns each as one
 # token, so a rendered prompt is about half as long as spelled out byte by byte (every prompt

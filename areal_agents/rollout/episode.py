@@ -179,8 +179,14 @@ def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
 
 
 def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
-    """The configured agent; the built-in ``ChatAgent`` gets the ``agent.*`` fields."""
+    """The configured agent; the built-in ``ChatAgent`` gets the ``agent.*`` fields, an OpenAI-style
+    agent (``async def agent(client, row)``, :mod:`areal_agents.openai_compat.agent`) is wrapped."""
     agent_cls = agents.get(cfg.agent.name)
+    from areal_agents.openai_compat.agent import OpenAIAgent, is_openai_agent
+
+    if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
+        return OpenAIAgent.build(agent_cls, dict(cfg.agent.kwargs), turn_discount=cfg.env.turn_discount,
+                                 sampling=sampling)
     kwargs: dict[str, Any] = dict(
         max_turns=cfg.agent.max_turns, max_tokens=cfg.agent.max_tokens, system_prompt=cfg.agent.system_prompt,
         turn_discount=cfg.env.turn_discount, sampling=sampling,

@@ -375,3 +375,11 @@ def test_imports_errors_are_one_clear_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(overrides=["imports=3"])
     assert err.value.key == "imports" and "imports=my_env.py" in str(err.value) and "must be a list" not in str(err.value)
+
+
+def test_section_name_shorthand() -> None:
+    """``agent=NAME`` (also env=, algorithm=, data=) sets the section's name; a mapping still sets fields."""
+    from areal_agents.config_loader import load_config
+
+    cfg = load_config(overrides=["agent=chat", "algorithm=rloo", "env={name: math, turn_discount: 0.5}"])
+    assert (cfg.agent.name, cfg.algorithm.name, cfg.env.name, cfg.env.turn_discount) == ("chat", "rloo", "math", 0.5)

@@ -71,6 +71,14 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents run --env reverse sft.warm_start_steps=200 trainer.total_steps=40":
             f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
     },
+    "docs/byo_agent.md": {
+        "areal-agents run --env math agent=my-agent imports=[my_agent.py]":
+            "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written",
+    },
+    "examples/openai_agent/README.md": {
+        "areal-agents run --config examples/openai_agent/config.yaml":
+            "tests/examples/test_examples_openai_agent.py::test_example_config_trains",
+    },
     "docs/reliability.md": {
         "pytest tests/reliability -m not slow": "not run: the tests themselves",
         "pytest tests/reliability -m slow": "not run: the tests themselves",
@@ -130,6 +138,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
                                                       "examples/custom_algorithm is the runnable one",
         "# train.py": "tests/examples/test_examples_docs.py::test_customize_train_script_with_its_agent_trains_as_written",
     },
+    "docs/byo_agent.md": {"# my_agent.py": "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written"},
     "docs/algorithms.md": {"# my_algo.py — import it before load_config (e.g. from your launcher script)":
                            f"{_HERE}::test_algorithms_doc_registration_applies_its_defaults"},
     "docs/concepts.md": {

@@ -1,0 +1,19 @@
+"""OpenAI-compatible chat completions on the token-level generation path (no torch).
+
+An agent written against ``openai.AsyncOpenAI`` trains unchanged: its ``chat.completions.create``
+calls are rendered with the model's chat template, generated through the
+:class:`~areal_agents.inference.client.InferenceClient` (SGLang ``/generate``, token ids in and
+out), parsed back into OpenAI replies, and recorded token for token. Modules:
+
+* :mod:`.schema` — request checking (:class:`ChatRequest`, :class:`APIError`);
+* :mod:`.tools` — tool-call parsing in the ``<tool_call>{...}</tool_call>`` format;
+* :mod:`.session` — one episode's completions: chains of calls, recording, replies;
+* :mod:`.trajectories` — recorded calls to trajectories (extension and the turn discount);
+* :mod:`.client` — the in-process ``AsyncOpenAI`` stand-in bound to an episode;
+* :mod:`.http` — the loopback ``/v1/chat/completions`` endpoint;
+* :mod:`.agent` — agents written as ``async def agent(client, row)`` as rollout agents.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,115 @@
+"""Agents written against the OpenAI client, as rollout agents (no torch).
+
+An *OpenAI-style agent* is ``async def agent(client, row) -> float | None`` (or a class whose
+instances are such callables, built with ``agent.kwargs``), registered with
+``@register_agent("name")`` and run with ``agent.name=name``. ``client`` behaves as
+``openai.AsyncOpenAI`` for ``chat.completions.create`` (:class:`~.client.EpisodeClient`), and
+``await client.http_endpoint()`` gives a per-episode base URL for agents in other processes.
+The env is reset with the row first; the agent's return value is the episode's reward, or,
+when it returns None, the env scores the last reply (``env.step(content)``). The calls become
+trajectories as :mod:`~areal_agents.openai_compat.trajectories` says.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from areal_agents.agent import Agent, checked_step, jsonable
+from areal_agents.openai_compat.client import EpisodeClient
+from areal_agents.openai_compat.http import Endpoint
+from areal_agents.openai_compat.session import ChatSession, GenerateFn
+from areal_agents.openai_compat.trajectories import assemble
+from areal_agents.types import Trajectory, check_turn_discount
+
+if TYPE_CHECKING:
+    from areal_agents.env import Env
+    from areal_agents.llm import LLM, Generation
+
+__all__ = ["OpenAIAgent", "is_openai_agent"]
+
+AgentFn = Callable[[EpisodeClient, dict[str, Any]], Awaitable[Any]]
+
+
+def is_openai_agent(obj: Any) -> bool:
+    """Whether a registered agent is OpenAI-style: a coroutine function, or a class that is
+    not an :class:`~areal_agents.agent.Agent` and whose instances are async callables."""
+    if inspect.isclass(obj):
+        return not issubclass(obj, Agent) and inspect.iscoroutinefunction(obj.__call__)
+    return inspect.iscoroutinefunction(obj)
+
+
+def _generate_fn(llm: LLM) -> GenerateFn:
+    """Token-level generation of the episode's ``llm``: its inference client (with the episode's
+    ``rid``, so every call goes to the same server) or, for other backends, the llm's own."""
+    client, rid = getattr(llm, "client", None), getattr(llm, "rid", None)
+
+    async def generate(ids: list[int], sampling: dict[str, Any], top: int) -> Generation:
+        if client is not None and hasattr(client, "generate"):
+            return await client.generate(ids, sampling, rid=rid, top_logprobs=top)  # type: ignore[no-any-return]
+        return await llm._generate(ids, sampling)
+
+    return generate
+
+
+class OpenAIAgent(Agent):
+    """Plays an episode with an OpenAI-style agent function (see the module docstring)."""
+
+    def __init__(self, fn: AgentFn, *, turn_discount: float = 1.0, sampling: dict[str, Any] | None = None) -> None:
+        self.fn = fn
+        self.turn_discount = check_turn_discount(turn_discount)
+        self.sampling = dict(sampling or {})
+
+    @classmethod
+    def build(cls, obj: Any, kwargs: dict[str, Any], *, turn_discount: float = 1.0,
+              sampling: dict[str, Any] | None = None) -> OpenAIAgent:
+        """Wrap a registered OpenAI-style agent (a class is instantiated with ``kwargs``)."""
+        fn: Any = obj(**kwargs) if inspect.isclass(obj) else obj
+        return cls(fn, turn_discount=turn_discount, sampling=sampling)
+
+    async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
+        try:
+            await env.areset(seed=seed, options=row)
+        except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
+            return Trajectory(status="env_error", info={"error": f"reset: {type(exc).__name__}: {exc}"})
+        session = ChatSession(llm.tokenizer, _generate_fn(llm), self.sampling or llm.default_sampling)
+        endpoint = Endpoint()
+        key = endpoint.add(session)
+
+        async def http_endpoint() -> str:
+            return f"{await endpoint.start()}/{key}/v1"
+
+        client = EpisodeClient(session, api_key=key, endpoint=http_endpoint)
+        try:
+            result = await self.fn(client, dict(row or {}))
+        finally:
+            await endpoint.close()
+        info: dict[str, Any] = {}
+        status, reward = "ok", 0.0
+        if result is None and session.records:
+            rewards: list[float] = []
+            status = (await checked_step(env, session.last_text)).record(rewards, info, status)
+            reward = rewards[0]
+        elif isinstance(result, (int, float)) and math.isfinite(result):
+            reward = float(result)
+        elif result is not None:
+            return Trajectory(status="agent_error", info={"error": f"the agent returned {result!r}, not a finite "
+                                                                   "number (the reward) or None"})
+        trajs = assemble(session.records, reward, self.turn_discount)
+        if not trajs:
+            return Trajectory(status="agent_error", info={"error": "the agent made no chat.completions calls"})
+        main = trajs[-1]
+        main.segments = trajs[:-1]
+        if any(r.finish_reason == "abort" for r in session.records) and status == "ok":
+            status = "aborted"
+        main.status = status
+        info.update(num_calls=len(session.records), num_trajectories=len(trajs),
+                    turn_finish_reasons=[r.finish_reason for r in session.records])
+        main.info.update(jsonable(info))
+        for traj in trajs:  # the texts the run's samples log shows
+            cut = traj.turn_spans[0][0]
+            traj.prompt_text = llm.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)
+            traj.completion_text = llm.tokenizer.decode(traj.input_ids[cut:], skip_special_tokens=False)
+        return main

@@ -1,0 +1,118 @@
+"""The in-process ``openai.AsyncOpenAI`` stand-in bound to one episode (no torch).
+
+``await client.chat.completions.create(model=..., messages=..., ...)`` takes the keyword
+arguments of the official client and returns its types (``ChatCompletion``, or an async
+iterator of ``ChatCompletionChunk`` with ``stream=True``) when the ``openai`` package is
+installed (the ``[openai]`` extra), else objects with the same attributes. A bad request
+raises ``openai.BadRequestError`` (or :class:`~areal_agents.openai_compat.schema.APIError`).
+``await client.http_endpoint()`` starts the episode's loopback HTTP endpoint and returns its
+base URL, for agents that run in another process (pass it with ``client.api_key``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from areal_agents.openai_compat.schema import APIError, parse_request
+from areal_agents.openai_compat.session import ChatSession, completion_chunks
+
+__all__ = ["EpisodeClient", "Reply"]
+
+_SDK_ONLY = {"extra_headers", "extra_query", "timeout"}  # options of the official client's transport
+
+
+class Reply(dict[str, Any]):
+    """A reply without the ``openai`` package: a dict whose keys read as attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return _wrap(self[name])
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def model_dump(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def _wrap(value: Any) -> Any:
+    if isinstance(value, dict):
+        return Reply(value)
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+def _typed(obj: dict[str, Any], kind: str) -> Any:
+    try:
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    except ImportError:
+        return Reply(obj)
+    return (ChatCompletion if kind == "completion" else ChatCompletionChunk).model_validate(obj)
+
+
+def _sdk_error(err: APIError) -> Exception:
+    """``err`` as the official client raises a 4xx (``openai.BadRequestError``), where installed."""
+    try:
+        import openai
+    except ImportError:
+        return err
+    try:  # the HTTP library the installed client is built on
+        import httpx2 as httpx  # type: ignore[import-not-found]
+    except ImportError:
+        import httpx  # type: ignore[no-redef]
+    request = httpx.Request("POST", "http://localhost/v1/chat/completions")
+    response = httpx.Response(err.status, request=request, json=err.body())
+    cls = openai.BadRequestError if err.status == 400 else openai.APIStatusError
+    return cls(err.message, response=response, body=err.body()["error"])
+
+
+def _given(value: Any) -> bool:
+    return value is not None and type(value).__name__ not in ("NotGiven", "Omit")
+
+
+class _Completions:
+    def __init__(self, session: ChatSession) -> None:
+        self._session = session
+
+    async def create(self, **kwargs: Any) -> Any:
+        """``chat.completions.create`` with the official client's keyword arguments."""
+        body = {k: v for k, v in kwargs.items() if k not in _SDK_ONLY and k != "extra_body" and _given(v)}
+        extra = kwargs.get("extra_body")
+        if isinstance(extra, dict):
+            body.update(extra)
+        try:
+            req = parse_request(body)
+            completion = await self._session.create(req)
+        except APIError as err:
+            raise _sdk_error(err) from None
+        if not req.stream:
+            return _typed(completion, "completion")
+        return _stream([_typed(c, "chunk") for c in completion_chunks(completion, req.include_usage)])
+
+
+async def _stream(chunks: list[Any]) -> AsyncIterator[Any]:
+    for chunk in chunks:
+        yield chunk
+
+
+class _Chat:
+    def __init__(self, session: ChatSession) -> None:
+        self.completions = _Completions(session)
+
+
+class EpisodeClient:
+    """What an OpenAI-style agent gets as ``client`` (see the module docstring)."""
+
+    def __init__(self, session: ChatSession, *, api_key: str = "",
+                 endpoint: Callable[[], Awaitable[str]] | None = None) -> None:
+        self.session = session
+        self.chat = _Chat(session)
+        self.api_key = api_key
+        self._endpoint = endpoint
+
+    async def http_endpoint(self) -> str:
+        """The base URL (``http://127.0.0.1:PORT/<key>/v1``) of this episode's HTTP endpoint."""
+        if self._endpoint is None:
+            raise RuntimeError("this client has no HTTP endpoint")
+        return await self._endpoint()

@@ -1,0 +1,151 @@
+"""The loopback ``/v1/chat/completions`` endpoint (aiohttp; no torch).
+
+Routes: ``POST /v1/chat/completions`` (JSON, or ``chat.completion.chunk`` server-sent events
+ending in ``data: [DONE]`` with ``stream: true``) and ``GET /v1/models``, also under
+``/<key>/v1/...``. A request reaches the :class:`~areal_agents.openai_compat.session.ChatSession`
+registered under its key, given in the path or as the API key (``Authorization: Bearer <key>``);
+with a ``fallback`` (``areal-agents serve``) a request without a known key gets a fresh,
+unrecorded session. Errors are OpenAI's ``{"error": {...}}`` with a 4xx status for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from areal_agents.inference.client import InferenceClient
+from areal_agents.inference.protocol import InferenceError
+from areal_agents.llm import Generation, Tokenizer
+from areal_agents.openai_compat.schema import APIError, parse_request
+from areal_agents.openai_compat.session import ChatSession, completion_chunks
+
+__all__ = ["Endpoint", "MODEL_NAME", "add_routes", "add_serve_routes"]
+
+MODEL_NAME = "policy"
+"""The model id ``/v1/models`` lists (any ``model`` string is accepted)."""
+
+Fallback = Callable[[web.Request], ChatSession]
+_SESSIONS = web.AppKey("openai_sessions", dict)
+_FALLBACK = web.AppKey("openai_fallback", object)
+
+
+def _error(err: APIError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+def _session(request: web.Request) -> ChatSession:
+    sessions: dict[str, ChatSession] = request.app[_SESSIONS]
+    key = request.match_info.get("key")
+    auth = request.headers.get("Authorization", "")
+    if key is None and auth.startswith("Bearer "):
+        key = auth[len("Bearer "):].strip()
+    if key is not None and key in sessions:
+        return sessions[key]
+    fallback = request.app.get(_FALLBACK)
+    if callable(fallback) and request.match_info.get("key") is None:
+        session: ChatSession = fallback(request)
+        return session
+    raise APIError("unknown episode key (in the path or as the API key)", status=401, code="invalid_api_key")
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    try:
+        session = _session(request)
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(f"the request body is not valid JSON: {exc}") from None
+        req = parse_request(body)
+        completion = await session.create(req)
+    except APIError as err:
+        return _error(err)
+    except InferenceError as exc:
+        return _error(APIError(f"generation failed: {exc}", status=502, type="server_error"))
+    except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving, and answers in OpenAI's shape
+        return _error(APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error"))
+    if not req.stream:
+        return web.json_response(completion)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for chunk in completion_chunks(completion, req.include_usage):
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [
+        {"id": MODEL_NAME, "object": "model", "created": int(time.time()), "owned_by": "areal-agents"}]})
+
+
+def add_routes(app: web.Application, sessions: dict[str, ChatSession] | None = None,
+               fallback: Fallback | None = None) -> None:
+    """Serve the chat-completions routes on ``app`` for ``sessions`` (and ``fallback``)."""
+    app[_SESSIONS] = sessions if sessions is not None else {}
+    if fallback is not None:
+        app[_FALLBACK] = fallback
+    for prefix in ("", "/{key}"):
+        app.router.add_post(prefix + "/v1/chat/completions", _chat)
+        app.router.add_get(prefix + "/v1/models", _models)
+
+
+def add_serve_routes(app: web.Application, tokenizer: Tokenizer, max_new_tokens: int = 256) -> None:
+    """The routes on the embedded server's own ``app`` (``areal-agents serve``): each request
+    gets a fresh session generating through the server's ``/generate`` on the same address."""
+    clients: dict[str, InferenceClient] = {}
+
+    def fallback(request: web.Request) -> ChatSession:
+        url = f"http://{request.host}"
+        client = clients.get(url) or clients.setdefault(url, InferenceClient([url]))
+
+        async def generate(ids: list[int], sampling: dict[str, Any], top: int) -> Generation:
+            return await client.generate(ids, sampling, top_logprobs=top)
+
+        return ChatSession(tokenizer, generate, {"max_new_tokens": max_new_tokens}, remember=False)
+
+    async def close_clients(app: web.Application) -> None:
+        for client in clients.values():
+            await client.aclose()
+
+    add_routes(app, fallback=fallback)
+    app.on_cleanup.append(close_clients)
+
+
+class Endpoint:
+    """A loopback HTTP server for episode sessions, on the running event loop."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.sessions: dict[str, ChatSession] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Start serving (once); returns ``http://HOST:PORT``."""
+        if self._runner is None:
+            app = web.Application(client_max_size=64 * 1024**2)
+            add_routes(app, self.sessions)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, self.host, 0)
+            await site.start()
+            self._runner = runner
+            self.url = f"http://{self.host}:{runner.addresses[0][1]}"
+        return self.url
+
+    def add(self, session: ChatSession) -> str:
+        """Register ``session``; returns its key."""
+        key = secrets.token_hex(16)
+        self.sessions[key] = session
+        return key
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,226 @@
+"""One episode's chat completions: render, generate token ids, parse, record (no torch).
+
+A :class:`ChatSession` answers OpenAI chat-completions requests over a token-level
+``generate`` function (the inference client's ``/generate``). It keeps every conversation it
+has answered as token ids (a *tip*: the prompt, the sampled tokens and the template's
+end-of-turn). A request that repeats a tip's messages, with the reply it was given, and adds
+new ones is answered by appending only the new messages' tokens to that tip, exactly as
+``llm.chat`` extends an episode, so the sampled tokens are never re-tokenised; any other
+request is rendered afresh with the chat template. Every completion is recorded as a
+:class:`CallRecord`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from areal_agents.llm import LLM, Generation, Tokenizer
+from areal_agents.openai_compat.schema import APIError, ChatRequest, sampling_params
+from areal_agents.openai_compat.tools import parse_tool_calls
+
+__all__ = ["CallRecord", "ChatSession", "GenerateFn", "completion_chunks"]
+
+GenerateFn = Callable[[list[int], dict[str, Any], int], Awaitable[Generation]]
+"""``await generate(input_ids, sampling_params, top_logprobs) -> Generation``."""
+
+_MAX_TIPS = 256
+
+
+@dataclass
+class CallRecord:
+    """One completion as sampled: the exact prompt and output tokens, behaviour logprobs,
+    the weight version of each output token and the server's finish reason
+    (``stop``/``length``/``abort``); ``index`` orders the episode's completions."""
+
+    index: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    api_finish_reason: str = "stop"
+    request_id: str = ""
+    choice: int = 0
+
+
+class _ChainLLM(LLM):
+    """The token bookkeeping of one conversation; generation goes to the session."""
+
+    def __init__(self, tokenizer: Tokenizer, generate: GenerateFn) -> None:
+        self._gen_fn = generate
+        self.top_logprobs = 0
+        super().__init__(tokenizer)
+
+    async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        return await self._gen_fn(input_ids, sampling, self.top_logprobs)
+
+
+@dataclass
+class _Tip:
+    llm: LLM
+    messages: list[dict[str, Any]]  # the request's messages and the reply it got
+    tools: list[dict[str, Any]] | None = None
+
+
+def _same_call(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    fa, fb = a.get("function", {}), b.get("function", {})
+    if fa.get("name") != fb.get("name"):
+        return False
+    try:
+        return bool(json.loads(fa.get("arguments") or "{}") == json.loads(fb.get("arguments") or "{}"))
+    except ValueError:
+        return False
+
+
+def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether ``a`` (sent by the caller) repeats ``b`` (seen or replied before)."""
+    if a["role"] != b["role"] or (a.get("content") or "") != (b.get("content") or ""):
+        return False
+    if a["role"] == "tool":
+        return bool(a.get("tool_call_id") == b.get("tool_call_id"))
+    ca, cb = a.get("tool_calls") or [], b.get("tool_calls") or []
+    return len(ca) == len(cb) and all(map(_same_call, ca, cb))
+
+
+class ChatSession:
+    """Chat completions bound to one episode (see the module docstring).
+
+    ``generate`` produces the tokens; ``defaults`` are the SGLang sampling params a request
+    does not override (the run's ``sampling.*``); ``records`` lists every completion.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, generate: GenerateFn, defaults: dict[str, Any] | None = None,
+                 *, remember: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.generate = generate
+        self.defaults = dict(defaults or {})
+        self.remember = remember
+        self.records: list[CallRecord] = []
+        self.last_text = ""  # the text of the last reply (its first choice), tool-call markup included
+        self._tips: list[_Tip] = []
+
+    # ------------------------------------------------------------------ conversations
+    def _find_tip(self, req: ChatRequest) -> _Tip | None:
+        best: _Tip | None = None
+        for tip in self._tips:
+            k = len(tip.messages)
+            if (len(req.messages) > k and tip.tools == req.tools and (best is None or k > len(best.messages))
+                    and all(map(_same_message, req.messages[:k], tip.messages))):
+                best = tip
+        return best
+
+    def _base(self, req: ChatRequest) -> tuple[LLM, list[dict[str, Any]]]:
+        """The conversation to answer ``req`` on, and the messages to give its ``chat``."""
+        tip = self._find_tip(req)
+        if tip is None:
+            return _ChainLLM(self.tokenizer, self.generate), req.messages
+        # the tip's own records of the earlier turns (its assistant text, markup included) + the new messages
+        own = tip.llm.messages
+        return tip.llm, own + req.messages[len(tip.messages):]
+
+    async def create(self, req: ChatRequest) -> dict[str, Any]:
+        """Answer ``req``: a ``chat.completion`` object (as a dict); records each choice."""
+        base, messages = self._base(req)
+        sampling = sampling_params(req, self.defaults)
+        forks = [base.fork() for _ in range(req.n)]
+        for fork in forks:
+            if isinstance(fork, _ChainLLM):
+                fork.top_logprobs = req.top_logprobs
+        try:
+            if len(forks) == 1:
+                texts = [await forks[0].chat(messages, tools=req.tools, **sampling)]
+            else:
+                texts = list(await asyncio.gather(*(f.chat(messages, tools=req.tools, **sampling) for f in forks)))
+        except Exception as exc:
+            if isinstance(exc, ValueError) or type(exc).__module__.startswith("jinja2"):
+                # the chat template cannot render these messages (e.g. roles it does not know)
+                raise APIError(f"messages: the chat template cannot render them: {exc}", param="messages") from None
+            raise
+        request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        names = {t["function"]["name"] for t in req.tools or []}
+        for i, (fork, text) in enumerate(zip(forks, texts, strict=True)):
+            gen = fork.last_generation
+            assert gen is not None
+            start, end = fork.turn_spans[-1]
+            text = _cut_stop(text, req.stop)
+            if i == 0:
+                self.last_text = text
+            content, calls = parse_tool_calls(text, names) if req.parse_tools else (text, [])
+            finish = "length" if gen.finish_reason == "length" else "tool_calls" if calls else "stop"
+            message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+            if calls:
+                message["tool_calls"] = calls
+            choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
+                                      "logprobs": self._logprobs(gen) if req.logprobs else None}
+            choices.append(choice)
+            prompt_tokens = start
+            completion_tokens += end - start
+            self.records.append(CallRecord(
+                index=len(self.records), prompt_ids=fork.input_ids[:start], completion_ids=list(gen.output_ids),
+                logprobs=list(gen.logprobs), versions=list(gen.versions), finish_reason=gen.finish_reason,
+                api_finish_reason=finish, request_id=request_id, choice=i))
+            if self.remember:
+                reply = {"role": "assistant", "content": content or "", "tool_calls": calls}
+                self._tips.append(_Tip(fork, [*req.messages, reply], req.tools))
+                del self._tips[:-_MAX_TIPS]
+        return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": req.model,
+                "system_fingerprint": None, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+        return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8"))}
+
+    def _logprobs(self, gen: Generation) -> dict[str, Any]:
+        tops = gen.info.get("top_logprobs") or [None] * len(gen.output_ids)
+        content = []
+        for tid, lp, top in zip(gen.output_ids, gen.logprobs, tops, strict=True):
+            entry = self._token(tid, lp)
+            entry["top_logprobs"] = [self._token(int(row[1]), row[0]) for row in top or [] if row[0] is not None]
+            content.append(entry)
+        return {"content": content, "refusal": None}
+
+
+def _cut_stop(text: str, stop: list[str]) -> str:
+    """``text`` up to the first stop string (OpenAI replies leave the stop sequence out)."""
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def completion_chunks(completion: dict[str, Any], include_usage: bool = False) -> list[dict[str, Any]]:
+    """A finished ``chat.completion`` as the ``chat.completion.chunk`` objects of a stream.
+
+    Per choice: the role, then the content (with its logprobs), then the tool calls, then the finish reason; with ``include_usage`` a last chunk with no
+    choices carries the usage (and every earlier chunk ``usage: null``).
+    """
+    head = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+    chunks: list[dict[str, Any]] = []
+
+    def emit(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> None:
+        chunk = {**head, "object": "chat.completion.chunk",
+                 "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        if include_usage:
+            chunk["usage"] = None
+        chunks.append(chunk)
+
+    for choice in completion["choices"]:
+        i, msg, lps = choice["index"], choice["message"], choice.get("logprobs")
+        emit(i, {"role": "assistant", "content": ""})
+        content = msg.get("content") or ""
+        if content or lps is not None:
+            emit(i, {"content": content}, logprobs=lps)
+        for j, call in enumerate(msg.get("tool_calls") or []):
+            emit(i, {"tool_calls": [{"index": j, **call}]})
+        emit(i, {}, finish=choice["finish_reason"])
+    if include_usage:
+        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": completion["usage"]})
+    return chunks

@@ -1,0 +1,215 @@
+"""Chat completions on the token path without a server: request checks, tool calls, the chat
+template's tool format, recording and trajectory assembly (a scripted backend stands in for
+the model so that replies, tool calls included, are known; the tokenizer is the tiny model's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai_support import ADD_TOOL, build_model, load_tokenizer
+
+from areal_agents.inference.tiny_model import CHAT_TEMPLATE
+from areal_agents.openai_compat.client import EpisodeClient
+from areal_agents.openai_compat.schema import APIError, parse_request
+from areal_agents.openai_compat.session import ChatSession
+from areal_agents.openai_compat.tools import parse_tool_calls
+from areal_agents.openai_compat.trajectories import assemble
+from areal_agents.testing import ScriptedLLM
+from areal_agents.types import Trajectory
+
+USER = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_tokenizer(build_model(tmp_path_factory.mktemp("openai-tok")))
+
+
+def scripted(tokenizer: Any, replies: list[str]) -> tuple[ChatSession, ScriptedLLM]:
+    backend = ScriptedLLM(replies, tokenizer, version=3)
+
+    async def generate(ids: list[int], sampling: dict[str, Any], top: int) -> Any:
+        return await backend._generate(ids, sampling)
+
+    return ChatSession(tokenizer, generate, {"max_new_tokens": 64}), backend
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": USER}, "model"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id"),
+    ({"model": "m", "messages": USER, "temperature": 3}, "temperature"),
+    ({"model": "m", "messages": USER, "n": 0}, "n"),
+    ({"model": "m", "messages": USER, "max_tokens": -1}, "max_tokens"),
+    ({"model": "m", "messages": USER, "top_logprobs": 3}, "top_logprobs"),
+    ({"model": "m", "messages": USER, "stop": [""]}, "stop"),
+    ({"model": "m", "messages": USER, "tools": [{"type": "function"}]}, "tools[0]"),
+    ({"model": "m", "messages": USER, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"model": "m", "messages": USER, "bogus": 1}, "bogus"),
+    ({"model": "m", "messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
+])
+def test_bad_requests_name_the_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse_request(body)
+    assert info.value.status == 400 and info.value.param == param
+    assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_request_fields_are_read() -> None:
+    req = parse_request({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                         "max_completion_tokens": 7, "stop": "X", "n": 3, "logprobs": True, "top_logprobs": 2,
+                         "temperature": 0, "tools": [ADD_TOOL], "tool_choice": "none"})
+    assert req.messages == [{"role": "user", "content": "hi"}]
+    assert (req.max_tokens, req.stop, req.n, req.top_logprobs, req.temperature) == (7, ["X"], 3, 2, 0.0)
+    assert req.tools is not None and not req.parse_tools  # tool_choice none: replies stay text
+
+
+def test_tool_call_parsing_and_malformed_calls() -> None:
+    content, calls = parse_tool_calls('Let me add.<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+    assert content == "Let me add." and len(calls) == 1
+    assert calls[0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'} and calls[0]["id"].startswith("call_")
+    for bad in ('<tool_call>{"name": "add", "arguments": {"a": 2</tool_call>', '<tool_call>{"name": "add"',
+                '<tool_call>["add"]</tool_call>', '<tool_call>{"name": "mul", "arguments": {}}</tool_call>',
+                '<tool_call>{"name": "add", "arguments": {}}</tool_call> and then some'):
+        assert parse_tool_calls(bad, {"add"}) == (bad, [])
+
+
+def test_template_renders_tools_and_is_unchanged_without_them(tokenizer: Any) -> None:
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    msgs = [{"role": "system", "content": "Be brief."}, *USER]
+    plain = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert plain == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n" \
+                    "<|im_start|>assistant\n"
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    text = tokenizer.apply_chat_template(
+        [*msgs, {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "content": "5", "tool_call_id": "c1"}], tools=[ADD_TOOL], tokenize=False)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\nTools:\n<tools>\n" + json.dumps(ADD_TOOL["function"]))
+    assert text.count("<|im_start|>system") == 1
+    assert '<|im_start|>assistant\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call><|im_end|>\n' \
+           '<|im_start|>tool\n5<|im_end|>\n' in text
+
+
+def test_tool_call_reply_then_tool_result_extends_the_tokens(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+                                      "The answer is 5."])
+
+    async def agent() -> tuple[dict[str, Any], dict[str, Any]]:
+        first = await session.create(parse_request({"model": "m", "messages": USER, "tools": [ADD_TOOL]}))
+        msg = first["choices"][0]["message"]
+        tool = {"role": "tool", "content": "5", "tool_call_id": msg["tool_calls"][0]["id"]}
+        second = await session.create(parse_request({"model": "m", "messages": [*USER, msg, tool],
+                                                     "tools": [ADD_TOOL]}))
+        return first, second
+
+    first, second = asyncio.run(agent())
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert second["choices"][0] == {"index": 0, "finish_reason": "stop", "logprobs": None,
+                                    "message": {"role": "assistant", "content": "The answer is 5.", "refusal": None}}
+    r1, r2 = session.records
+    assert r2.prompt_ids[:len(r1.prompt_ids) + len(r1.completion_ids)] == r1.prompt_ids + r1.completion_ids
+    assert first["usage"]["prompt_tokens"] == len(r1.prompt_ids)
+    [traj] = assemble(session.records, 1.0, 0.5)
+    assert traj.turn_spans and len(traj.turn_spans) == 2
+    gen = [t for t, m in zip(traj.input_ids, traj.loss_mask, strict=True) if m]
+    assert gen == r1.completion_ids + r2.completion_ids
+    assert traj.versions == [3 if m else -1 for m in traj.loss_mask]
+    assert traj.turn_rewards == [0.0, 1.0] and traj.turn_returns == [0.5, 1.0] and traj.reward == 0.5
+    assert "<tools>" in tokenizer.decode(traj.input_ids[:traj.turn_spans[0][0]])
+
+
+def test_rewritten_history_gives_one_trajectory_per_call_with_the_turn_discount(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["a", "b", "c"])
+
+    async def agent() -> None:  # each call summarises the history instead of appending to it
+        summary = "start"
+        for _ in range(3):
+            reply = await session.create(parse_request({"model": "m", "messages": [
+                {"role": "user", "content": f"Summary so far: {summary}"}]}))
+            summary += reply["choices"][0]["message"]["content"]
+
+    asyncio.run(agent())
+    trajs = assemble(session.records, 2.0, 0.5)
+    assert len(trajs) == 3 and [t.info["calls"] for t in trajs] == [[0], [1], [2]]
+    assert [t.reward for t in trajs] == [0.5, 1.0, 2.0]  # γ² R, γ R, R: the last call gets γ⁰
+    for traj, rec in zip(trajs, session.records, strict=True):
+        assert traj.input_ids == rec.prompt_ids + rec.completion_ids and traj.num_generated == len(rec.completion_ids)
+
+
+def test_n_choices_are_separate_until_one_is_continued(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["one", "two", "three"])
+
+    async def agent() -> dict[str, Any]:
+        first = await session.create(parse_request({"model": "m", "messages": USER, "n": 2}))
+        pick = first["choices"][1]["message"]
+        await session.create(parse_request({"model": "m", "messages": [*USER, pick, {"role": "user", "content": "?"}]}))
+        return first
+
+    first = asyncio.run(agent())
+    assert [c["message"]["content"] for c in first["choices"]] == ["one", "two"]
+    r0, r1, r2 = session.records
+    assert r0.prompt_ids == r1.prompt_ids and r0.request_id == r1.request_id
+    assert r2.prompt_ids[:len(r1.prompt_ids) + len(r1.completion_ids)] == r1.prompt_ids + r1.completion_ids
+    trajs = assemble(session.records, 1.0, 1.0)
+    assert [t.info["calls"] for t in trajs] == [[0], [1, 2]]
+
+
+def test_in_process_client_returns_the_official_types(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["Hello there.", "Hello there.", "x"])
+    client = EpisodeClient(session)
+
+    async def agent() -> tuple[Any, list[Any]]:
+        reply = await client.chat.completions.create(model="policy", messages=USER, logprobs=True, stop=["there"])
+        stream = await client.chat.completions.create(model="policy", messages=USER, stream=True,
+                                                      stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model="policy", messages=USER, temperature=9)
+        assert info.value.status_code == 400 and info.value.body["param"] == "temperature"
+        return reply, chunks
+
+    reply, chunks = asyncio.run(agent())
+    assert isinstance(reply, ChatCompletion) and reply.choices[0].message.content == "Hello "
+    rec = session.records[0]
+    assert [e.logprob for e in reply.choices[0].logprobs.content] == pytest.approx(rec.logprobs)
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there."
+    assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == \
+        len(session.records[1].completion_ids)
+
+
+def test_segments_travel_with_the_episode_and_flatten_for_training(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["a", "b"])
+
+    async def agent() -> None:
+        for text in ("first", "second"):  # unrelated prompts: two trajectories
+            await session.create(parse_request({"model": "m", "messages": [{"role": "user", "content": text}]}))
+
+    asyncio.run(agent())
+    *others, main = assemble(session.records, 1.0, 0.5)
+    main.segments, main.group_id, main.start_version = others, "g7", 4
+    back = Trajectory.from_json(main.to_json())
+    assert back.segments[0].input_ids == others[0].input_ids and back.segments[0].reward == 0.5
+    flat = back.flatten()
+    assert [t.reward for t in flat] == [0.5, 1.0] and all(not t.segments for t in flat)
+    assert {(t.group_id, t.start_version) for t in flat} == {("g7", 4)}
+    back.segments[0].loss_mask.pop()
+    with pytest.raises(ValueError, match="loss_mask"):
+        back.validate()
+
+
+def test_a_template_that_refuses_the_messages_is_a_400(tokenizer: Any) -> None:
+    session, _ = scripted(tokenizer, ["a"])
+    session.tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    session.tokenizer.chat_template = "{{ raise_exception('only user messages') }}"
+    with pytest.raises(APIError) as info:
+        asyncio.run(session.create(parse_request({"model": "m", "messages": USER})))
+    assert info.value.status == 400 and "only user messages" in info.value.message and not session.records
