@@ -60,6 +60,7 @@ class InferenceClient:
         abort_wait: float = 0.05,
         max_resumes: int = 1000,
         max_empty_aborts: int = 20,
+        lora_path: str | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("InferenceClient needs at least one server address")
@@ -75,6 +76,7 @@ class InferenceClient:
         self.abort_wait = abort_wait
         self.max_resumes = max_resumes
         self.max_empty_aborts = max_empty_aborts
+        self.lora = {"lora_path": lora_path} if lora_path else {}  # every request decodes with this adapter
         self.inflight = [0] * len(self.urls)
         self.dead_until: dict[int, float] = {}
         self._rr = itertools.cycle(range(len(self.urls)))
@@ -214,7 +216,8 @@ class InferenceClient:
             params = {**sampling, "max_new_tokens": budget - len(out)}
             if min_new:
                 params["min_new_tokens"] = max(0, min_new - len(out))
-            body, url = await self._post({"input_ids": prompt + out, "sampling_params": params, "return_logprob": True}, rid)
+            body, url = await self._post({"input_ids": prompt + out, "sampling_params": params, "return_logprob": True,
+                                          **self.lora}, rid)
             ids, seg_lps, seg_versions, finish, text = parse_generate_reply(body, url)
             out += ids
             lps += seg_lps
