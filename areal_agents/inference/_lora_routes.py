@@ -21,7 +21,8 @@ from aiohttp import web
 
 from areal_agents.inference.protocol import BadRequest, require
 
-__all__ = ["add_routes", "broadcast_target", "load_from_tensors", "loaded", "read_adapter", "require_loaded"]
+__all__ = ["add_routes", "broadcast_target", "details", "load_from_tensors", "loaded", "read_adapter",
+           "require_loaded"]
 
 
 def read_adapter(name: str, path: str, model: Any) -> Any:
@@ -33,6 +34,12 @@ def read_adapter(name: str, path: str, model: Any) -> Any:
 def loaded(engine: Any) -> dict[str, str]:
     """Loaded adapters: name → where they came from."""
     return {name: a.path for name, a in engine.lora.adapters.items()}
+
+
+def details(engine: Any) -> dict[str, dict[str, Any]]:
+    """Loaded adapters with where they came from and their size (``/server_info``)."""
+    return {name: {"path": a.path, "bytes": a.num_bytes, "modules": len(a.weights)}
+            for name, a in engine.lora.adapters.items()}
 
 
 def require_loaded(engine: Any, specs: Sequence[Any]) -> None:

@@ -344,7 +344,7 @@ async def _server_info(request: web.Request) -> web.Response:
     return web.json_response({
         "backend": "embedded", "model_path": state["model_path"], "weight_version": engine.weight_version,
         "max_batch_size": engine.max_batch_size, "context_len": engine.context_len, "device": str(engine.device),
-        "paused": engine.paused, "batching": batching_stats(engine), "lora_adapters": _lora_routes.loaded(engine),
+        "paused": engine.paused, "batching": batching_stats(engine), "lora_adapters": _lora_routes.details(engine),
     })  # fmt: skip
 
 

@@ -143,24 +143,33 @@ def test_served_adapter_gives_the_trainers_logprobs(model_dir: Path, server: tup
     assert max(abs(a - b) for a, b in zip(lps2, trainer_logprobs(engine, prompt, out2, ref=True), strict=True)) <= TOL
 
 
-def test_broadcast_sends_only_the_adapter(model_dir: Path, server: tuple[str, Any]) -> None:
-    addr, served = server
+@pytest.mark.slow
+def test_broadcast_sends_only_the_adapter(model_dir: Path, tmp_path: Path) -> None:
+    from areal_agents.config import ExperimentConfig
+    from areal_agents.inference.launcher import launch_servers
+
     engine = lora_engine(model_dir)
     engine.train_batch(batch(7, int(engine.hf_config.vocab_size)), nll_loss_fn)
-    sync = DistributedWeightSync([addr], backend="gloo", timeout_s=60)
-    try:
-        sync.sync(engine, 11)
-        assert sync.last_error is None
-    finally:
-        sync.close()
-    adapter = served.lora.adapters["policy"]
-    sent = sum(t.numel() * t.element_size() for t in engine.adapter_state_dict().values())
-    assert adapter.num_bytes == sent and sent * 3 < sum(t.numel() * 4 for t in served.model.state_dict().values())
-    prompt = [11, 4, 8]
-    out, lps, version = generate(addr, prompt, "policy")
-    assert version == "11"
-    assert max(abs(a - b) for a, b in zip(lps, trainer_logprobs(engine, prompt, out), strict=True)) <= TOL
-    assert base_unchanged(served.model.state_dict(), model_dir)
+    # a server process of its own: torch's process-group names are per process
+    with launch_servers(ExperimentConfig(), model_dir, 1, log_dir=tmp_path, env={"OMP_NUM_THREADS": "1"}) as group:
+        addr = group.addresses[0]
+        sync = DistributedWeightSync([addr], backend="gloo", timeout_s=60)
+        try:
+            sync.sync(engine, 11)
+            assert sync.last_error is None
+        finally:
+            sync.close()
+        held = control.server_info(addr)["lora_adapters"]["policy"]
+        sent = sum(t.numel() * t.element_size() for t in engine.adapter_state_dict().values())
+        model_bytes = (model_dir / "model.safetensors").stat().st_size
+        assert held["bytes"] == sent and held["modules"] == 4 * 7 and sent * 3 < model_bytes
+        prompt = [11, 4, 8]
+        out, lps, version = generate(addr, prompt, "policy")
+        assert version == "11"
+        assert max(abs(a - b) for a, b in zip(lps, trainer_logprobs(engine, prompt, out), strict=True)) <= TOL
+        base_out, base_lps, _ = generate(addr, prompt, None)
+        ref = trainer_logprobs(engine, prompt, base_out, ref=True)
+        assert max(abs(a - b) for a, b in zip(base_lps, ref, strict=True)) <= TOL
 
 
 def test_load_lora_adapter_refuses_what_does_not_fit(server: tuple[str, Any], tmp_path: Path) -> None:
