@@ -29,8 +29,15 @@ from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
 from trainers.hf_io import TORCH_DTYPES, write_hf_dir
-from trainers.lora import (adapter_config, adapter_disabled, adapter_key, apply_lora, is_adapter_key, merge_state,
-                           write_adapter_dir)
+from trainers.lora import (
+    adapter_config,
+    adapter_disabled,
+    adapter_key,
+    apply_lora,
+    is_adapter_key,
+    merge_state,
+    write_adapter_dir,
+)
 
 __all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 

@@ -252,7 +252,7 @@ class DistributedWeightSync(WeightSync):
                    lora: tuple[str, dict[str, Any]] | None = None) -> list[str]:
         if self.group is None or up != self.members:
             self._init_group(up)
-        payload = self.update_payload(state, version, lora)
+        payload = self.update_payload(state, version) if lora is None else self.update_payload(state, version, lora)
 
         def broadcast() -> None:
             for t in state.values():

@@ -44,7 +44,7 @@ def details(engine: Any) -> dict[str, dict[str, Any]]:
 
 def require_loaded(engine: Any, specs: Sequence[Any]) -> None:
     missing = sorted({s.lora_path for s in specs if s.lora_path is not None} - set(engine.lora.adapters))
-    require(not missing, f"The following requested LoRA adapters are not loaded: {', '.join(missing)}; "
+    require(not missing, f"'lora_path': the requested LoRA adapters are not loaded: {', '.join(missing)}; "
                          f"loaded: {', '.join(sorted(engine.lora.adapters)) or 'none'}")  # fmt: skip
 
 

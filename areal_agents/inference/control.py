@@ -14,8 +14,11 @@ from typing import Any
 import httpx
 
 from areal_agents.inference.client import normalize_address
-from areal_agents.inference.protocol import (load_lora_adapter_payload, update_weight_version_payload,
-                                             update_weights_from_disk_payload)
+from areal_agents.inference.protocol import (
+    load_lora_adapter_payload,
+    update_weight_version_payload,
+    update_weights_from_disk_payload,
+)
 
 __all__ = [
     "ControlError",
