@@ -131,3 +131,22 @@ def test_unknown_target_module_is_one_config_line(model_dir: Path) -> None:
     with pytest.raises(ConfigError) as err:
         TrainEngine(lora_cfg(target_modules=["no_such_proj"]), model_dir)
     assert str(err.value).startswith("actor.lora.target_modules: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    (["actor.lora.rank=-1"], "actor.lora.rank: must be >= 0 (got -1)"),
+    (["actor.lora.alpha=0"], "actor.lora.alpha: must be > 0 (got 0.0)"),
+    (["actor.lora.dropout=1.0"], "actor.lora.dropout: must be in [0, 1) (got 1.0)"),
+    (["actor.lora.target_modules=[]"], "actor.lora.target_modules: must be a non-empty list of module names (got [])"),
+    (["actor.lora.rnk=4"], "actor.lora.rnk: unknown key (did you mean actor.lora.rank?)"),
+    (["actor.lora.rank=8", "trainer.weight_sync=nccl", "inference.backend=remote", "inference.addresses=[h:1]"],
+     "trainer.weight_sync: LoRA adapters reach SGLang servers through disk"),
+])  # fmt: skip
+def test_lora_config_errors_are_one_line(override: list[str], message: str) -> None:
+    from areal_agents.config_loader import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, override)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert load_config(None, ["actor.lora.rank=8"]).actor.lora.served == "policy"
+    assert load_config(None, []).actor.lora.served is None  # off by default
