@@ -187,3 +187,37 @@ def test_load_lora_adapter_refuses_what_does_not_fit(server: tuple[str, Any], tm
     missing = httpx.post(f"http://{addr}/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)},
                          timeout=30)
     assert missing.status_code == 400 and "not a PEFT adapter dir" in missing.json()["error_message"]
+
+
+@pytest.mark.slow
+def test_lora_run_survives_kill_and_recovers(model_dir: Path, tmp_path: Path) -> None:
+    """``areal-agents run`` with LoRA, SIGKILLed after its first checkpoint, resumes from it and
+    goes on serving the adapter (versions continue, no error)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", f"actor.path={model_dir}",
+            "actor.lora.rank=4", "trainer.save_every=2", "eval.every=0", "eval.n=4", "rollout.batch_size=2",
+            "rollout.group_size=2", "sampling.max_new_tokens=4", "logging.progress=false", "logging.plots=false",
+            "logging.tensorboard=false", f"output_dir={tmp_path}"]
+    ckpts = tmp_path / "math" / "trial" / "checkpoints"
+    first = subprocess.Popen([*args, "trainer.total_steps=50"], start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (ckpts / "latest").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert first.poll() is None and (ckpts / "latest").exists()
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    saved = int((ckpts / "latest").read_text().removeprefix("step_"))
+    second = subprocess.run([*args, f"trainer.total_steps={saved + 2}"], capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"recovered step {saved} (weight version {saved})" in second.stdout.replace("\n", " ")
+    rows = [json.loads(line) for line in (tmp_path / "math" / "trial" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r["version"] for r in rows if "train/loss" in r]  # the killed run may have logged a step past it
+    assert trained[-2:] == [saved + 1, saved + 2]
+    assert (tmp_path / "math" / "trial" / "final_adapter" / "adapter_model.safetensors").is_file()
