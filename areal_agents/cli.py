@@ -168,6 +168,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     cfg, sources = explain_config(args.config, config_overrides(args))
     table = Table(title=f"Config of a run with env {cfg.env.name}, algorithm {cfg.algorithm.name} (from: default = "
@@ -184,7 +185,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
             from areal_agents.rewards import default_reward_workers
 
             shown += f" ({default_reward_workers()} here)"
-        table.add_row(key, shown, sources[key], help_text)
+        table.add_row(key, Text(shown), sources[key], help_text)  # Text: a value like [all-linear] is not markup
     Console(width=200).print(table)
     return 0
 

@@ -32,6 +32,7 @@ __all__ = [
     "ExperimentConfig",
     "InferenceConfig",
     "LoggingConfig",
+    "LoraConfig",
     "RolloutConfig",
     "SFTConfig",
     "SGLangConfig",
@@ -265,6 +266,30 @@ class RolloutConfig(Section):
 
 
 @dataclass
+class LoraConfig(Section):
+    """LoRA adapters on the policy (PEFT): only they are trained, checkpointed, synced and served."""
+
+    rank: int = f(0, "Adapter rank r; 0 = off (full fine-tuning).", ge(0))
+    alpha: float = f(16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank.", gt(0))
+    dropout: float = f(0.0, "Dropout on the adapter's input while training.", within("[0, 1)"))
+    target_modules: list[str] = f(["all-linear"], "Module names (or suffixes) that get adapters; all-linear = every "
+                                                  "linear layer but the output head.",
+                                  Rule(lambda v: len(v) > 0 and all(isinstance(m, str) and m for m in v),
+                                       "a non-empty list of module names"))
+    name: str = f("policy", "Name the servers load the adapter under (the lora_path of /generate).",
+                  Rule(lambda v: bool(v) and "/" not in v, "a non-empty name without '/'"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def served(self) -> str | None:
+        """The ``lora_path`` of the policy's ``/generate`` requests: the adapter's name, or None without LoRA."""
+        return self.name if self.enabled else None
+
+
+@dataclass
 class ActorConfig(Section):
     """The policy model and its optimiser."""
 
@@ -287,6 +312,7 @@ class ActorConfig(Section):
     hsdp_replicate: int = f(1, "HSDP replicas: mesh is (replicate, world/replicate); 1 = full sharding.", ge(1))
     init_critic_from_actor: bool = f(True, "PPO: initialise the critic body from the actor.")
     critic_lr: float = f(1e-4, "PPO critic learning rate.")
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -444,6 +470,8 @@ class ExperimentConfig(Section):
              "gloo is for embedded servers; SGLang on GPUs takes nccl (or disk)"),
             (not (sync == "nccl" and backend == "embedded"), "trainer.weight_sync",
              "nccl needs SGLang servers on GPUs; embedded servers take gloo (or disk)"),
+            (not (sync == "nccl" and self.actor.lora.rank > 0), "trainer.weight_sync",
+             "LoRA adapters reach SGLang servers through disk (/load_lora_adapter): set trainer.weight_sync=disk"),
             (not far or address not in loopback, "trainer.weight_sync_address",
              f"servers on other hosts ({', '.join(far)}) cannot join a {sync} group at {address}: "
              "set this host's address"),

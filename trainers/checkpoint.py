@@ -104,12 +104,21 @@ class Checkpointer:
 
     # -- model state ----------------------------------------------------------------------
     @staticmethod
-    def _model_states(engine: TrainEngine) -> dict[str, Any]:
+    def _options(engine: TrainEngine) -> Any:
+        """With LoRA a checkpoint holds what trains (adapters, value head) and its optimiser
+        state, not the frozen base weights, which come from ``actor.path`` again."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        lora = getattr(engine, "lora", None) is not None
+        return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else None
+
+    @classmethod
+    def _model_states(cls, engine: TrainEngine) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         out = {}
         for name, sm in engine.trainable().items():
-            model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer)
+            model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer, options=cls._options(engine))
             out[name] = {"model": model_sd, "optim": optim_sd}
         return out
 
@@ -166,7 +175,7 @@ class Checkpointer:
         dcp.load(states, checkpoint_id=str(path / "model"))
         for name, sm in engine.trainable().items():
             set_state_dict(sm.model, sm.optimizer, model_state_dict=states[name]["model"],
-                           optim_state_dict=states[name]["optim"])
+                           optim_state_dict=states[name]["optim"], options=self._options(engine))
         state = torch.load(path / "state.pt", weights_only=False)
         for name, sd in state["schedulers"].items():
             sched = engine.trainable()[name].scheduler

@@ -29,6 +29,15 @@ from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
 from trainers.hf_io import TORCH_DTYPES, write_hf_dir
+from trainers.lora import (
+    adapter_config,
+    adapter_disabled,
+    adapter_key,
+    apply_lora,
+    is_adapter_key,
+    merge_state,
+    write_adapter_dir,
+)
 from trainers.prompt_packing import Packed, pack_prompts
 
 __all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
@@ -90,7 +99,8 @@ class ShardedModel:
     """One HF model sharded per decoder layer plus the root, with its optimiser and schedule.
 
     ``kind``: ``lm`` (causal LM) or ``value`` (:class:`ValueModel`). ``lr=None``
-    freezes the model (no optimiser).
+    freezes the model (no optimiser). With ``actor.lora.rank > 0`` the LM gets LoRA adapters
+    before sharding and only they (and a critic's value head) train and are in the optimiser.
     """
 
     def __init__(self, cfg: ExperimentConfig, path: Path, mesh: Any, device: torch.device, *, kind: str,
@@ -103,12 +113,16 @@ class ShardedModel:
                 lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
             else:
                 lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            model = ValueModel(lm) if kind == "value" else lm
-        self.kind, self.config = kind, lm.config
+            config = lm.config
+            self.lora = cfg.actor.lora.enabled and lr is not None
+            if self.lora:
+                lm = apply_lora(lm, cfg.actor.lora)
+            model = ValueModel(lm.get_base_model() if self.lora else lm) if kind == "value" else lm
+        self.kind, self.config = kind, config
         # custom block masks need an attention that takes a 4D mask (not flash-attention kernels)
         self.pack_prompts = (cfg.actor.pack_prompts and kind == "lm"
-                             and lm.config._attn_implementation in ("sdpa", "eager"))
-        self.pad_token_id = int(lm.config.pad_token_id or 0)
+                             and config._attn_implementation in ("sdpa", "eager"))
+        self.pad_token_id = int(config.pad_token_id or 0)
         model.to(device)
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
@@ -132,7 +146,8 @@ class ShardedModel:
             model.requires_grad_(False)
             return
         model.train()  # dropout is 0 in these configs; train mode enables gradient checkpointing
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(a.betas[0], a.betas[1]),
+        params = [p for p in model.parameters() if p.requires_grad] if self.lora else model.parameters()
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(a.betas[0], a.betas[1]),
                                            weight_decay=a.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, a.warmup_steps, total_steps, a.lr_schedule, a.min_lr_ratio))
@@ -193,8 +208,10 @@ class TrainEngine:
         total = total_steps if total_steps is not None else cfg.trainer.total_steps * cfg.algorithm.ppo_n_minibatches
         self.actor = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm",
                                   lr=lr if lr is not None else cfg.actor.lr, total_steps=total)
+        self.lora = cfg.actor.lora if cfg.actor.lora.enabled else None
+        # With LoRA the reference is the policy with its adapter disabled: no second model.
         self.ref = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm", lr=None,
-                                total_steps=total) if cfg.algorithm.kl_ctl > 0 else None
+                                total_steps=total) if cfg.algorithm.kl_ctl > 0 and self.lora is None else None
         if critic is None:
             critic = _spec_needs_critic(cfg.algorithm.name)
         self.critic = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="value",
@@ -266,7 +283,11 @@ class TrainEngine:
 
     def compute_ref_logprobs(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor],
                              temperature: float | None = None) -> torch.Tensor:
-        """Reference-model logprobs [B,T] (needs ``algorithm.kl_ctl > 0``)."""
+        """Reference-model logprobs [B,T] (needs ``algorithm.kl_ctl > 0``); with LoRA, the
+        policy's base model (its adapter disabled for this pass)."""
+        if self.lora is not None:
+            with adapter_disabled(self.actor.model):
+                return self._gather_forward(self.actor, data, temperature)
         if self.ref is None:
             raise RuntimeError("no reference model: set algorithm.kl_ctl > 0")
         return self._gather_forward(self.ref, data, temperature)
@@ -364,18 +385,45 @@ class TrainEngine:
 
         return get_model_state_dict(self.actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def export_hf(self, out_dir: str | os.PathLike[str]) -> Path:
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's LoRA adapter, unsharded on CPU, under PEFT's saved names (collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        state = get_model_state_dict(self.actor.model, options=opts)  # (it adds tied output embeddings)
+        return {adapter_key(k): v for k, v in state.items() if is_adapter_key(k)}
+
+    def export_hf(self, out_dir: str | os.PathLike[str], *, merged: bool = False) -> Path:
         """Write the policy as a HF model dir (safetensors in ``actor.dtype``, config, tokenizer).
 
+        With LoRA: a PEFT adapter dir (``adapter_config.json``, ``adapter_model.safetensors``),
+        or with ``merged`` the base model with the adapter folded in, as a plain HF model dir.
         Collective. Rank 0 writes to a temporary sibling and renames it into place, so a reader
         never sees a half-written directory. Returns ``out_dir``.
         """
+        out, dtype = Path(out_dir), DTYPES[self.cfg.actor.dtype]
+        if self.lora is not None and not merged:
+            adapter = self.adapter_state_dict()
+            if self.rank == 0:
+                config = adapter_config(self.lora, self.model_path, self.actor.model)
+                write_adapter_dir(adapter, config, self.model_path, out, dtype)
+            tdist.barrier()
+            return out
         sd = self.full_state_dict()
-        out = Path(out_dir)
+        if self.lora is not None:
+            sd = merge_state(sd, self.lora.alpha / self.lora.rank)
         if self.rank == 0:
-            write_hf_dir(sd, self.hf_config, self.model_path, out, DTYPES[self.cfg.actor.dtype])
+            write_hf_dir(sd, self.hf_config, self.model_path, out, dtype)
         tdist.barrier()
         return out
+
+    def export_final(self, out_dir: str | os.PathLike[str]) -> Path:
+        """The result of a run: a HF model dir at ``out_dir`` (with LoRA the merged model, and
+        the adapter itself in ``<out_dir>_adapter``). Collective; returns ``out_dir``."""
+        if self.lora is not None:
+            out = Path(out_dir)
+            self.export_hf(out.with_name(out.name + "_adapter"))
+        return self.export_hf(out_dir, merged=True)
 
 
 def _spec_needs_critic(name: str) -> bool:

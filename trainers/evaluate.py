@@ -23,12 +23,13 @@ __all__ = ["cli_eval", "evaluate_model", "run_eval"]
 
 
 def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             progress: Any = None) -> dict[str, Any]:
-    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own, and its duration
-    (``time/eval_s``, so that training time can be told from eval time)."""
+             progress: Any = None, lora_path: str | None = None) -> dict[str, Any]:
+    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (decoding with the
+    loaded adapter ``lora_path`` when given), and its duration (``time/eval_s``, so that
+    training time can be told from eval time)."""
 
     async def go() -> dict[str, Any]:
-        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout)
+        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path)
         try:
             return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
                                   progress=progress)

@@ -13,7 +13,7 @@ import torch
 
 from areal_agents.config import DTYPES
 
-__all__ = ["TORCH_DTYPES", "fsync_dir", "publish_dir", "write_hf_dir"]
+__all__ = ["TORCH_DTYPES", "copy_side_files", "fsync_dir", "publish_dir", "write_hf_dir"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
 """The torch dtype of each dtype name a config accepts (``actor.dtype``, ``sglang.dtype``, ...)."""
@@ -50,6 +50,14 @@ def publish_dir(tmp: Path, out: Path) -> Path:
     return out
 
 
+def copy_side_files(src_dir: str | os.PathLike[str], dst: Path) -> None:
+    """Copy the tokenizer/generation files of model dir ``src_dir`` (not its weights or config) into ``dst``."""
+    src = Path(src_dir)
+    for f in src.iterdir() if src.is_dir() else []:
+        if f.is_file() and f.name not in _SKIP and not f.name.endswith(_WEIGHT_FILES) and not f.name.startswith("adapter_"):
+            shutil.copy2(f, dst / f.name)
+
+
 def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | os.PathLike[str],
                  out_dir: str | os.PathLike[str], dtype: torch.dtype) -> Path:
     """Write ``state`` as ``model.safetensors`` + ``config.json`` + the tokenizer/generation
@@ -70,10 +78,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | 
         out_cfg = copy.deepcopy(hf_config)
         out_cfg.dtype = dtype
         out_cfg.save_pretrained(tmp)
-        src = Path(src_dir)
-        for f in src.iterdir() if src.is_dir() else []:
-            if f.is_file() and f.name not in _SKIP and not f.name.endswith(_WEIGHT_FILES):
-                shutil.copy2(f, tmp / f.name)
+        copy_side_files(src_dir, tmp)
         return publish_dir(tmp, out)
     finally:
         if tmp.exists():

@@ -100,7 +100,7 @@ def train_from_file(cfg: ExperimentConfig, model_path: str, spec: Any, logger: M
         metrics = train_step(engine, spec, cfg, chunk)
         if logger is not None:
             logger.log(step + 1, metrics)
-    final = engine.export_hf(Path(cfg.run_dir) / "final")
+    final = engine.export_final(Path(cfg.run_dir) / "final")
     return {"run_dir": cfg.run_dir, "steps": cfg.trainer.total_steps, "final_model": str(final)}
 
 
@@ -121,7 +121,7 @@ class _Rank0:
         """Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
         client = InferenceClient(addresses, schedule=cfg.inference.schedule, timeout=cfg.inference.request_timeout,
-                                 retries=cfg.inference.request_retries)
+                                 retries=cfg.inference.request_retries, lora_path=cfg.actor.lora.served)
         executor = RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
                                                                             sampling=sampling_params(cfg)),
                                    rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
@@ -164,7 +164,8 @@ class _Rank0:
             self.executor.load_state_dict(state)
 
     def eval(self) -> dict[str, Any]:
-        return run_eval(self.cfg, self.tokenizer, self.addresses, self.test_rows, self.display.progress)
+        return run_eval(self.cfg, self.tokenizer, self.addresses, self.test_rows, self.display.progress,
+                        lora_path=self.cfg.actor.lora.served)
 
     def stats(self) -> dict[str, Any]:
         return self.executor.stats() if self.executor is not None else {}
@@ -215,7 +216,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     transformers.utils.logging.disable_progress_bar()
     model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     ckpt = Checkpointer(run_dir / "checkpoints", fingerprint={
-        "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name})
+        "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name,
+        **({"lora_rank": cfg.actor.lora.rank} if cfg.actor.lora.enabled else {})})
     resume_from = _latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode == "full" else None
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -246,6 +248,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             r0.load_state_dict(state["rollout"])
             sync.sync(engine, version)
             display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
+        elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
+            sync.sync(engine, version)
         stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
         before = r0.eval()
@@ -287,7 +291,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
         # 6. Final eval, weights, summary.
         after = r0.eval()
-        final_dir = engine.export_hf(run_dir / "final")
+        final_dir = engine.export_final(run_dir / "final")
         r0.log(step, {**after, "version": version})
         history = logger.history[1:] if logger is not None else []
         summary = {

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from areal_agents.config import ExperimentConfig, SFTConfig
+from areal_agents.config import ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
 
 __all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
@@ -135,7 +135,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
             history["evals"].append(result)
             bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
     history["seconds"] = time.monotonic() - t0
-    history["path"] = str(engine.export_hf(out_dir))
+    history["path"] = str(engine.export_final(out_dir))
     return history
 
 
@@ -254,6 +254,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
 
     stop_at = None
+    cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()))  # the base is trained whole
     if warm_start:
         stop_at = cfg.sft.warm_start_target or None
         cfg = dataclasses.replace(cfg, sft=dataclasses.replace(

@@ -8,6 +8,12 @@
   group_name, weight_version}`` while rank 0 broadcasts each full tensor over a process group
   that includes the servers: NCCL for SGLang on GPUs, gloo for the embedded CPU server.
 
+With LoRA (``actor.lora.rank > 0``) only the adapter travels: the disk sync exports a PEFT
+adapter dir and has each server ``/unload_lora_adapter`` + ``/load_lora_adapter`` it under
+``actor.lora.name``, then ``/update_weight_version``; the broadcast sends the adapter's tensors
+(the announcement names the adapter, an embedded-server extension). The version bumps as with
+full weights, so interruption and staleness work the same.
+
 Servers that do not answer are skipped (:attr:`WeightSync.down`) and caught up once back.
 
 Requests go through :mod:`areal_agents.inference.control`.
@@ -42,6 +48,8 @@ class Policy(Protocol):
     def export_hf(self, out_dir: str | os.PathLike[str]) -> Path: ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class WeightSync:
@@ -92,6 +100,17 @@ class WeightSync:
                                        f"({'; '.join(self.down.values())})")
 
 
+def _lora(engine: Policy) -> Any:
+    """The engine's ``actor.lora`` section when it trains a LoRA adapter, else None."""
+    return getattr(engine, "lora", None)
+
+
+def _adapter_config(engine: Any) -> dict[str, Any]:
+    from trainers.lora import adapter_config
+
+    return adapter_config(engine.lora, engine.model_path, engine.actor.model)
+
+
 def _control() -> Any:
     from areal_agents.inference import control
 
@@ -114,10 +133,16 @@ class DiskWeightSync(WeightSync):
         return self.root / f"v{version:06d}"
 
     def sync(self, engine: Policy, version: int) -> None:
-        path = engine.export_hf(self.path_for(version))
+        path = engine.export_hf(self.path_for(version))  # with LoRA: the adapter dir
+        lora = _lora(engine)
         if engine.rank == 0 and self.addresses:
-            update = _control().update_weights_from_disk
-            self._paused(version, lambda up: self._on_each(up, lambda a: update(a, str(path), version)))
+            control = _control()
+            if lora is None:
+                self._paused(version, lambda up: self._on_each(
+                    up, lambda a: control.update_weights_from_disk(a, str(path), version)))
+            else:
+                self._paused(version, lambda up: self._on_each(
+                    up, lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
         if engine.rank == 0:
             self.prune()
         tdist.barrier()
@@ -177,11 +202,16 @@ class DistributedWeightSync(WeightSync):
                     group_name=self.current_name, backend=self.backend)
                 for i in range(len(servers))]
 
-    def update_payload(self, state: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
-        """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast order."""
-        return protocol.update_weights_from_distributed_payload(
+    def update_payload(self, state: dict[str, torch.Tensor], version: int,
+                       lora: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast
+        order (``lora``: ``(name, adapter_config)`` when they are a LoRA adapter)."""
+        body = protocol.update_weights_from_distributed_payload(
             list(state), [t.dtype for t in state.values()], [list(t.shape) for t in state.values()],
             version=version, group_name=self.current_name)
+        if lora is not None:
+            body["lora_name"], body["lora_config"] = lora
+        return body
 
     @staticmethod
     def _while(request: Callable[[], None], work: Callable[[], None]) -> None:
@@ -218,10 +248,11 @@ class DistributedWeightSync(WeightSync):
         self._while(lambda: _control().init_weights_update_group(servers, payloads, timeout=self.timeout_s), create)
         self.members = list(servers)
 
-    def _broadcast(self, up: list[str], state: dict[str, torch.Tensor], version: int) -> list[str]:
+    def _broadcast(self, up: list[str], state: dict[str, torch.Tensor], version: int,
+                   lora: tuple[str, dict[str, Any]] | None = None) -> list[str]:
         if self.group is None or up != self.members:
             self._init_group(up)
-        payload = self.update_payload(state, version)
+        payload = self.update_payload(state, version) if lora is None else self.update_payload(state, version, lora)
 
         def broadcast() -> None:
             for t in state.values():
@@ -232,13 +263,15 @@ class DistributedWeightSync(WeightSync):
         return up
 
     def sync(self, engine: Policy, version: int) -> None:
-        state = engine.full_state_dict()
+        lora = _lora(engine)
+        state = engine.full_state_dict() if lora is None else engine.adapter_state_dict()
         failed: str | None = None
         if engine.rank == 0 and self.addresses:
             dtype = TORCH_DTYPES[engine.cfg.actor.dtype]
             state = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
+            target = None if lora is None else (lora.name, _adapter_config(engine))
             try:
-                self._paused(version, lambda up: self._broadcast(up, state, version))
+                self._paused(version, lambda up: self._broadcast(up, state, version, target))
             except Exception as exc:
                 self.close()  # a member died or refused mid-update: the group is unusable
                 if self.fallback is None:

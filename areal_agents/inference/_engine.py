@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from areal_agents.inference._kv import BatchKV
+from areal_agents.inference._lora import LoraAdapter, LoraSet
 from areal_agents.inference._sampling import prompt_logprobs, sample_next, scaled_logprobs, top_logprobs
 
 __all__ = ["Engine", "GenRequest"]
@@ -42,6 +43,7 @@ class GenRequest:
     ignore_eos: bool = False
     logprob_start: int = -1  # >= 0: SGLang's prompt logprobs of prompt[logprob_start:], taken at prefill
     top_logprobs_num: int = 0  # > 0: the most likely alternatives of every output (and scored prompt) token
+    lora: str | None = None  # the loaded LoRA adapter this request decodes with (None: the base model)
     done: Callable[[GenRequest], object] | None = None
     on_token: Callable[[GenRequest], object] | None = None  # after each token but the last (streaming)
     output_ids: list[int] = field(default_factory=list)
@@ -90,7 +92,9 @@ class Engine:
         self.kv = BatchKV(model.config, self.device, torch.float32 if self.device.type == "cpu" else model.dtype)
         self._last_tok = torch.empty(0, dtype=torch.long, device=self.device)
         self._params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "prefill_rows": 0, "tokens": 0, "errors": 0}
+        self.lora = LoraSet(model)
+        self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "prefill_rows": 0,
+                        "tokens": 0, "errors": 0}
         self.error: BaseException | None = None
 
     # ----------------------------------------------------------------- thread-safe API
@@ -164,8 +168,11 @@ class Engine:
         self.weight_version = version
         if abort_all:
             return self.abort_where(lambda r: True, "aborted by a weight update")
-        # Retract running sequences: they are re-prefilled (prompt + output so far) under
-        # the new weights, so every later token and logprob is exact for its version.
+        return self._retract()
+
+    def _retract(self) -> int:
+        """Retract running sequences: they are re-prefilled (prompt + output so far) under
+        the new weights, so every later token and logprob is exact for its version."""
         retracted = [r for r in self.rows if r.finish is None]
         self.rows, self._params = [], None
         self.kv.clear()
@@ -173,6 +180,24 @@ class Engine:
         with self._cond:
             self._waiting.extendleft(reversed(retracted))
         return len(retracted)
+
+    def load_lora(self, adapter: LoraAdapter) -> int:
+        """Hold ``adapter`` (replacing one of its name: running requests that use it are
+        retracted and re-prefilled with the new one); returns how many were retracted."""
+        replaced = adapter.name in self.lora.adapters
+        self.lora.add(adapter)
+        return self._retract() if replaced and any(r.lora == adapter.name for r in self.rows) else 0
+
+    def unload_lora(self, name: str) -> int:
+        """Drop adapter ``name``; requests that use it are aborted (clients resume them). Returns their count."""
+        n = self.abort_where(lambda r: r.lora == name, f"LoRA adapter {name!r} was unloaded")
+        self.lora.remove(name)
+        return n
+
+    def set_version(self, version: str, abort_all: bool) -> int:
+        """Tag later tokens with ``version`` (weights unchanged); with ``abort_all`` abort every request."""
+        self.weight_version = version
+        return self.abort_where(lambda r: True, "aborted by a weight version update") if abort_all else 0
 
     # ------------------------------------------------------------------- decode loop
     def _run(self) -> None:
@@ -217,17 +242,20 @@ class Engine:
             return
         with self._cond:
             group = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        for req in [r for r in group if r.lora is not None and r.lora not in self.lora.adapters]:
+            self._finish(req, {"type": "abort", "message": f"LoRA adapter {req.lora!r} is not loaded"})
+            group.remove(req)
         if not group:
             return
         self._admitting = group
         seqs = [r.prompt + r.output_ids for r in group]
-        # Requests with the same tokens (the samples of a group) share one prefill row.
-        first: dict[tuple[int, ...], int] = {}
-        src = [first.setdefault(tuple(s), len(first)) for s in seqs]
+        # Requests with the same tokens and adapter (the samples of a group) share one prefill row.
+        first: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        src = [first.setdefault((r.lora, tuple(s)), len(first)) for r, s in zip(group, seqs, strict=True)]
         length = max(len(s) for s in seqs)
         ids = torch.full((len(first), length), self.pad_id, dtype=torch.long)
         valid = torch.zeros((len(first), length), dtype=torch.bool)
-        for i, s in enumerate(first):
+        for i, (_, s) in enumerate(first):
             ids[i, length - len(s) :] = torch.tensor(s, dtype=torch.long)
             valid[i, length - len(s) :] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
@@ -236,8 +264,9 @@ class Engine:
         mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)[None]
         cache = self.kv.fresh_cache()
         scored = [i for i, r in enumerate(group) if r.logprob_start >= 0 and r.input_logprobs is None]
-        out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True,
-                         logits_to_keep=0 if scored else 1)  # fmt: skip
+        with self.lora.rows([lora for lora, _ in first]):
+            out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache,
+                             use_cache=True, logits_to_keep=0 if scored else 1)  # fmt: skip
         self.metrics["prefills"] += 1
         self.metrics["prefill_rows"] += len(first)
         for i in scored:  # a retracted request keeps the prompt logprobs of its first prefill
@@ -267,14 +296,15 @@ class Engine:
 
     def _decode_step(self) -> None:
         mask, pos = self.kv.step_inputs()
-        out = self.model(
-            input_ids=self._last_tok[:, None],
-            attention_mask=mask,
-            position_ids=pos,
-            cache=self.kv.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self.lora.rows([r.lora for r in self.rows]):
+            out = self.model(
+                input_ids=self._last_tok[:, None],
+                attention_mask=mask,
+                position_ids=pos,
+                cache=self.kv.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self.kv.advance()
         batch = len(self.rows)
         self.metrics["decode_steps"] += 1

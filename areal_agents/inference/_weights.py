@@ -81,11 +81,12 @@ class WeightGroups:
         self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)
         self.name = name  # a trainer that re-forms its group leaves the old one
 
-    def receive(self, body: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    def receive(self, body: Mapping[str, Any], model: Any, check: bool = True) -> dict[str, Any]:
         """The tensors an ``/update_weights_from_distributed`` body announces, received from rank 0.
 
         Tensors that do not fit ``model`` are still received (so the trainer's broadcast
-        completes and the group stays usable), then refused with :class:`BadRequest`.
+        completes and the group stays usable), then refused with :class:`BadRequest`
+        (``check=False``: the caller checks them, e.g. LoRA adapter tensors).
         """
         import torch
 
@@ -103,7 +104,8 @@ class WeightGroups:
         for tensor in state.values():
             self.group.broadcast(tensor, 0).wait()
         try:
-            check_fit({n: t.shape for n, t in state.items()}, model, "the broadcast", complete=False)
+            if check:
+                check_fit({n: t.shape for n, t in state.items()}, model, "the broadcast", complete=False)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         return state

@@ -60,6 +60,7 @@ class InferenceClient:
         abort_wait: float = 0.05,
         max_resumes: int = 1000,
         max_empty_aborts: int = 20,
+        lora_path: str | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("InferenceClient needs at least one server address")
@@ -75,6 +76,7 @@ class InferenceClient:
         self.abort_wait = abort_wait
         self.max_resumes = max_resumes
         self.max_empty_aborts = max_empty_aborts
+        self.lora = {"lora_path": lora_path} if lora_path else {}  # every request decodes with this adapter
         self.inflight = [0] * len(self.urls)
         self.dead_until: dict[int, float] = {}
         self._rr = itertools.cycle(range(len(self.urls)))
@@ -218,7 +220,7 @@ class InferenceClient:
             params = {**sampling, "max_new_tokens": budget - len(out)}
             if min_new:
                 params["min_new_tokens"] = max(0, min_new - len(out))
-            payload = {"input_ids": prompt + out, "sampling_params": params, "return_logprob": True}
+            payload = {"input_ids": prompt + out, "sampling_params": params, "return_logprob": True, **self.lora}
             if top_logprobs > 0:
                 payload["top_logprobs_num"] = top_logprobs
             body, url = await self._post(payload, rid)

@@ -14,7 +14,11 @@ from typing import Any
 import httpx
 
 from areal_agents.inference.client import normalize_address
-from areal_agents.inference.protocol import update_weights_from_disk_payload
+from areal_agents.inference.protocol import (
+    load_lora_adapter_payload,
+    update_weight_version_payload,
+    update_weights_from_disk_payload,
+)
 
 __all__ = [
     "ControlError",
@@ -22,6 +26,7 @@ __all__ = [
     "continue_generation",
     "flush_cache",
     "init_weights_update_group",
+    "load_lora_adapter",
     "model_info",
     "pause_generation",
     "server_info",
@@ -120,6 +125,21 @@ def update_weights_from_disk(
     """Load the HF weights in ``path`` on every server and tag them ``version``."""
     return _post_all(addrs, "/update_weights_from_disk",
                      update_weights_from_disk_payload(path, version, abort_all_requests), timeout)  # fmt: skip
+
+
+def load_lora_adapter(addrs: Addrs, name: str, path: str, version: int | str, timeout: float = 600.0) -> None:
+    """Serve the adapter dir ``path`` as ``name`` on every server, tagged ``version``: SGLang's
+    ``/unload_lora_adapter`` (of the one held now, if any), ``/load_lora_adapter``, then
+    ``/update_weight_version``. Call it with generation paused."""
+    for url in _urls(addrs):
+        try:
+            _request("POST", url + "/unload_lora_adapter", timeout, {"lora_name": name})
+        except ServerUnreachable:
+            raise
+        except ControlError:  # not loaded yet (the first sync): the load below reports real problems
+            pass
+        _post_all(url, "/load_lora_adapter", load_lora_adapter_payload(name, path), timeout)
+        _post_all(url, "/update_weight_version", update_weight_version_payload(version), timeout)
 
 
 def pause_generation(addrs: Addrs, mode: str = "abort", timeout: float = 60.0) -> None:

@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "init_weights_update_group_payload", "parse_generate",
-           "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
+__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "init_weights_update_group_payload",
+           "load_lora_adapter_payload", "parse_generate", "parse_generate_reply", "require", "response_body",
+           "update_weight_version_payload", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
 
 # Every field of SGLang's ``GenerateReqInput`` (0.5.x) is accepted. Those this server implements:
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-              "return_text_in_logprobs", "rid", "stream"}  # fmt: skip
+              "return_text_in_logprobs", "rid", "stream", "lora_path"}  # fmt: skip
 # Hints that never change a reply (logging, tracing, scheduling priority, cache keys): any value.
 _HINTS_TOP = {"log_metrics", "no_logs", "custom_labels", "external_trace_header", "received_time", "routing_key",
               "conversation_id", "priority", "extra_key", "cache_salt", "http_worker_ipc"}  # fmt: skip
@@ -31,7 +32,7 @@ _HINTS_TOP = {"log_metrics", "no_logs", "custom_labels", "external_trace_header"
 _NEUTRAL_TOP: dict[str, Any] = {
     **dict.fromkeys(("session_id", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes",
                      "mm_content_hashes", "video_config", "watermark", "token_ids_logprob", "return_sampling_mask",
-                     "sampling_logprobs_mode", "modalities", "session_params", "lora_path", "lora_id",
+                     "sampling_logprobs_mode", "modalities", "session_params", "lora_id",
                      "custom_logit_processor", "positional_embed_overrides", "bootstrap_host", "bootstrap_port",
                      "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "routed_dp_rank", "data_parallel_rank",
                      "disagg_prefill_dp_rank", "max_thinking_tokens", "need_wait_for_mm_inputs", "num_items_assigned",
@@ -82,6 +83,7 @@ class GenerateSpec:
     logprob_start_len: int = -1  # -1: output logprobs only; else prompt logprobs from this position on
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    lora_path: str | None = None  # the name of a loaded LoRA adapter (None: the base model)
 
 
 def require(ok: bool, message: str) -> None:
@@ -202,6 +204,16 @@ def _logprob_args(body: dict[str, Any], n: int, batched: bool, vocab: int) -> li
     return out
 
 
+def _lora_paths(value: Any, n: int) -> list[str | None]:
+    """``lora_path`` for each of the ``n`` prompts: one adapter name (or null) for all, or a list of
+    ``n`` (SGLang's frontend sends a one-element list for one prompt)."""
+    values = value if isinstance(value, list) else [value]
+    require(len(values) in (1, n), f"'lora_path' must be one adapter name or a list as long as the batch ({n})")
+    require(all(v is None or isinstance(v, str) for v in values), "'lora_path' must be an adapter name (a string)")
+    names = [v or None for v in values]
+    return names * n if len(names) == 1 else names
+
+
 def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> tuple[list[GenerateSpec], bool]:
     """Check a ``/generate`` body; return (specs, reply_is_list)."""
     require(isinstance(body, dict), "the request body must be a JSON object")
@@ -222,14 +234,15 @@ def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> t
     else:
         rids = [rid]
     require(all(r is None or isinstance(r, str) for r in rids), "'rid' must be a string (or a list of strings)")
+    loras = _lora_paths(body.get("lora_path"), len(prompts))
     specs = []
-    for i, (prompt, r, sp, lp) in enumerate(zip(prompts, rids, sps, logprob_args, strict=True)):
+    for i, (prompt, r, sp, lp, lora) in enumerate(zip(prompts, rids, sps, logprob_args, loras, strict=True)):
         start = lp["logprob_start_len"]
         require(start <= len(prompt), f"'logprob_start_len' ({start}) is larger than prompt {i}'s {len(prompt)} tokens")
         base = r if r is not None else uuid.uuid4().hex
         n = sp.pop("n")
         for j in range(n):
-            specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, **sp, **lp))
+            specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, lora_path=lora, **sp, **lp))
     return specs, batched or len(specs) > len(prompts)
 
 
@@ -342,6 +355,16 @@ def update_weights_from_disk_payload(
     if version is not None:
         body["weight_version"] = str(version)
     return body
+
+
+def load_lora_adapter_payload(name: str, path: str) -> dict[str, Any]:
+    """Body of ``POST /load_lora_adapter`` (an adapter dir loaded as ``name``; ``/unload_lora_adapter`` takes ``lora_name``)."""
+    return {"lora_name": name, "lora_path": str(path)}
+
+
+def update_weight_version_payload(version: int | str, abort_all_requests: bool = False) -> dict[str, Any]:
+    """Body of ``POST /update_weight_version``: later tokens carry ``version`` (weights unchanged)."""
+    return {"new_version": str(version), "abort_all_requests": abort_all_requests}
 
 
 def init_weights_update_group_payload(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
 from areal_agents.inference.protocol import BadRequest, parse_generate, require, response_body
 
@@ -92,6 +93,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         return _error(503, f"decode loop is not running: {engine.error!r}")
     body = await _json(request)
     specs, as_list = parse_generate(body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len)
+    if not engine.paused:  # while paused (a sync swapping the adapter) requests wait; admission checks again
+        _lora_routes.require_loaded(engine, specs)
     stream = False if body.get("stream") is None else body["stream"]
     require(isinstance(stream, bool), "'stream' must be true or false")
     require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
@@ -108,7 +111,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             max_new_tokens=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
             min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
-            logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
+            logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, lora=spec.lora_path,
             done=functools.partial(_resolve_from_thread, loop, fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )
@@ -241,12 +244,17 @@ async def _update_weights_from_distributed(request: web.Request) -> web.Response
     app = request.app
     body = await _json(request)
     version, flags = _update_flags(body)
+    lora = _lora_routes.broadcast_target(body)
     try:
-        state = await _in_group_thread(app, app[_GROUPS].receive, body, app[_ENGINE].model)
+        state = await _in_group_thread(app, app[_GROUPS].receive, body, app[_ENGINE].model, lora is None)
     except BadRequest:
         raise
     except Exception as exc:  # a broken or timed-out broadcast
         return web.json_response({"success": False, "message": f"broadcast failed: {exc}"}, status=500)
+    if lora is not None:  # an adapter, not base weights: held under its name, the base stays as loaded
+        n = await _lora_routes.load_from_tensors(app, app[_ENGINE], lora, state, version, flags, _call)
+        return web.json_response({"success": True, "message": "Succeeded to update LoRA adapter online.",
+                                  "num_paused_requests": n})  # fmt: skip
     n = await _swap(app, state, version, flags)
     return web.json_response({"success": True, "message": "Succeeded to update parameter online.",
                               "num_paused_requests": n})  # fmt: skip
@@ -336,7 +344,7 @@ async def _server_info(request: web.Request) -> web.Response:
     return web.json_response({
         "backend": "embedded", "model_path": state["model_path"], "weight_version": engine.weight_version,
         "max_batch_size": engine.max_batch_size, "context_len": engine.context_len, "device": str(engine.device),
-        "paused": engine.paused, "batching": batching_stats(engine),
+        "paused": engine.paused, "batching": batching_stats(engine), "lora_adapters": _lora_routes.details(engine),
     })  # fmt: skip
 
 
@@ -361,6 +369,7 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
     r.add_post("/pause_generation", _pause)
     r.add_post("/continue_generation", _continue)
     r.add_post("/abort_request", _abort_request)
+    _lora_routes.add_routes(app, _ENGINE, _call, _json)
     for path, handler in (("/flush_cache", _flush_cache), ("/health", _health), ("/ready", _health),
                           ("/health_generate", _health_generate), ("/model_info", _model_info),
                           ("/get_model_info", _model_info), ("/server_info", _server_info),
@@ -413,6 +422,12 @@ def cli_serve(args: argparse.Namespace) -> int:
         return 2
     model, tokenizer = load_model(path, args.device)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
+    for name, adapter_dir in (getattr(args, "lora_paths", None) or {}).items():
+        try:
+            engine.load_lora(_lora_routes.read_adapter(name, adapter_dir, model))
+        except (ValueError, OSError) as exc:
+            print(f"error: --lora-paths {name}={adapter_dir}: {exc}", file=sys.stderr)
+            return 2
     app = create_app(engine, path)
     try:
         asyncio.run(serve(app, args.host, args.port))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -299,8 +300,9 @@ def test_explain_config_is_load_config_with_sources(tmp_path):
     for key, source in sources.items():
         if source == "default" and key not in ("experiment_name", "sglang.dtype"):  # derived: env name, actor.dtype
             section, _, leaf = key.rpartition(".")
-            assert getattr(getattr(cfg, section) if section else cfg, leaf) == \
-                getattr(getattr(defaults, section) if section else defaults, leaf), key
+            parts = section.split(".") if section else []  # sections nest (actor.lora)
+            assert getattr(functools.reduce(getattr, parts, cfg), leaf) == \
+                getattr(functools.reduce(getattr, parts, defaults), leaf), key
 
 
 def test_config_reference_doc_is_current():
