@@ -122,7 +122,6 @@ class ShardedModel:
         # custom block masks need an attention that takes a 4D mask (not flash-attention kernels)
         self.pack_prompts = (cfg.actor.pack_prompts and kind == "lm"
                              and config._attn_implementation in ("sdpa", "eager"))
-        self.pad_token_id = int(config.pad_token_id or 0)
         model.to(device)
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
@@ -161,12 +160,11 @@ class ShardedModel:
             logits = self.model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                                 attention_mask=packed.attention_mask.to(device), use_cache=False).logits
             out = logits.reshape(-1, logits.shape[-1])[packed.gather.to(device)]
-            logp, ent = token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
-            return logp * attn, (ent * attn if ent is not None else None)
-        out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
-        if self.kind == "value":  # values[:, t] = value of the state before token t
-            return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
-        out = out.logits
+        else:
+            out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
+            if self.kind == "value":  # values[:, t] = value of the state before token t
+                return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
+            out = out.logits
         logp, ent = token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
         return logp * attn, (ent * attn if ent is not None else None)
 
@@ -174,7 +172,7 @@ class ShardedModel:
         """The micro-batch with shared prompts packed, when that saves tokens (policy and reference)."""
         if not self.pack_prompts or "loss_mask" not in mb:
             return None
-        packed = pack_prompts(mb["input_ids"], mb["loss_mask"], seq_lens(mb), self.pad_token_id)
+        packed = pack_prompts(mb["input_ids"], mb["loss_mask"], seq_lens(mb))
         return packed if packed is not None and packed.tokens < 0.8 * mb["input_ids"].numel() else None
 
     def clip_and_step(self, max_norm: float) -> float:

@@ -47,11 +47,11 @@ def _prompt_len(loss_mask: torch.Tensor, length: int) -> int:
     return int(generated[0]) if len(generated) else length
 
 
-def pack_prompts(input_ids: torch.Tensor, loss_mask: torch.Tensor, lens: Sequence[int],
-                 pad_token_id: int = 0) -> Packed | None:
+def pack_prompts(input_ids: torch.Tensor, loss_mask: torch.Tensor, lens: Sequence[int]) -> Packed | None:
     """Pack rows of ``input_ids`` [B,T] (``lens`` real tokens each) that share their prompt.
 
-    Returns None when no two rows share a prompt (nothing to save).
+    Padding (id 0) ends each packed sequence, so no real token attends to it; padding attends
+    to the prompt, so no softmax row is empty. Returns None when no two rows share a prompt.
     """
     groups: dict[tuple[int, ...], list[int]] = {}
     prompt_lens = []
@@ -64,7 +64,7 @@ def pack_prompts(input_ids: torch.Tensor, loss_mask: torch.Tensor, lens: Sequenc
     seqs = list(groups.values())
     sizes = [prompt_lens[rows[0]] + sum(lens[b] - prompt_lens[b] for b in rows) for rows in seqs]
     n_seq, length = len(seqs), max(sizes)
-    ids = torch.full((n_seq, length), pad_token_id, dtype=torch.long)
+    ids = torch.zeros((n_seq, length), dtype=torch.long)
     pos = torch.zeros((n_seq, length), dtype=torch.long)
     seg = torch.full((n_seq, length), -2, dtype=torch.long)  # -1 prompt, b row b's suffix, -2 padding
     gather = torch.zeros(input_ids.shape, dtype=torch.long)
@@ -83,6 +83,4 @@ def pack_prompts(input_ids: torch.Tensor, loss_mask: torch.Tensor, lens: Sequenc
             start += k
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     same = (seg[:, None, :] == -1) | (seg[:, None, :] == seg[:, :, None])
-    eye = torch.eye(length, dtype=torch.bool)  # padding attends to itself (no empty softmax row)
-    mask = (causal & same) | eye
-    return Packed(ids, pos, mask[:, None], gather)
+    return Packed(ids, pos, (causal & same)[:, None], gather)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import site
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-__all__ = ["DOCS", "ROOT", "TINY", "metrics_rows", "package_env", "run_command", "train_steps"]
+__all__ = ["DOCS", "ROOT", "TINY", "load_example", "metrics_rows", "package_env", "run_command", "train_steps"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,6 +26,16 @@ TINY = [
     "rollout.batch_size=2", "rollout.group_size=2", "eval.n=4", "eval.every=0",
     "logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
 ]
+
+
+def load_example(relpath: str) -> ModuleType:
+    """Execute the example file ``ROOT/relpath`` as a fresh module (named after its stem)."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_command(cmd: list[str], tmp_path: Path, *, timeout: float = 240, python: str | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -11,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from examples_support import ROOT, TINY, run_command, train_steps
+from examples_support import ROOT, TINY, load_example, run_command, train_steps
 
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.session import ChatSession
@@ -20,11 +19,7 @@ from areal_agents.testing import CharTokenizer, ScriptedLLM
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("calc_agent", ROOT / "examples" / "openai_agent" / "calc_agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("examples/openai_agent/calc_agent.py")
 
 
 class ToolTemplate(CharTokenizer):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import re
@@ -14,7 +13,7 @@ from types import ModuleType
 
 import pytest
 import yaml
-from examples_support import ROOT, metrics_rows, run_command
+from examples_support import ROOT, load_example, metrics_rows, run_command
 
 from areal_agents import make_env
 from areal_agents.data import arithmetic_dataset
@@ -24,11 +23,7 @@ ROW = {"prompt": "37*45=?", "answer": "1665", "expression": "37*45"}
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sandbox_agent", ROOT / "examples" / "tool_agent" / "sandbox_agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("examples/tool_agent/sandbox_agent.py")
 
 
 def test_agent_runs_the_tool_in_the_sandbox_then_answers() -> None:
