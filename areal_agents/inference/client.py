@@ -171,6 +171,10 @@ class InferenceClient:
             return body
 
     async def _post(self, payload: dict[str, Any], rid: str | None) -> tuple[Any, str]:
+        """POST to a live server; a failed one is marked down and the next live one tried at
+        once. With every server down, each attempt waits for the earliest ``/health`` re-probe
+        (at least ``backoff``, doubling): one transient error on the last live server costs a
+        re-probe, not the request."""
         attempt = 0
         while True:
             try:
@@ -192,8 +196,10 @@ class InferenceClient:
             if attempt > self.retries:
                 where = self.urls[idx] if idx >= 0 else "any server"
                 raise InferenceError(f"/generate failed after {attempt} attempts ({where}): {err!r}") from err
-            if idx < 0 or not self._alive():
-                await asyncio.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+            if not self._alive():
+                reprobe = min(self.dead_until.values(), default=0.0) - time.monotonic()
+                backoff = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+                await asyncio.sleep(min(max(reprobe, backoff), self.timeout))
 
     async def generate(self, input_ids: Sequence[int], sampling: dict[str, Any], rid: str | None = None, *,
                        top_logprobs: int = 0) -> Generation:

@@ -20,7 +20,8 @@ batch taken at version t started at version ≥ t − η. Each episode runs unde
   (batches keep groups of exactly ``group_size``); ``zero`` keeps it in its group with
   reward 0 and its status set, so the trainer can mask it;
 - ``dropped`` — ``ok`` episodes discarded with their group: by the group filter
-  (``nonzero_std``), for staleness, or because a sibling failed under ``drop``;
+  (``nonzero_std``), for staleness (with the episodes cancelled for it), or because a
+  sibling failed under ``drop``;
   ``rollout/dropped_groups`` counts those groups (by reason under ``rollout/dropped_groups/*``);
 - ``in_flight`` — queued, running, or finished but waiting for the rest of their group.
 """

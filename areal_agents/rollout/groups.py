@@ -152,10 +152,13 @@ class Ledger:
         self.failed_by_status["aborted"] += size
 
     def resolve(self, members: list[Trajectory], drop_reason: str) -> None:
-        """Count a finished group: failed members as failed, ok ones accepted (or dropped)."""
+        """Count a finished group: failed members as failed, ok ones accepted (or dropped).
+
+        In a group dropped as ``stale``, the episodes the executor cancelled for it (``aborted``)
+        count as dropped: nothing failed, the staleness rule discarded them."""
         n_failed = 0
         for t in members:
-            if not t.ok:
+            if not t.ok and not (drop_reason == "stale" and t.status == "aborted"):
                 self.failed_by_status[t.status] += 1
                 n_failed += 1
         self.failed += n_failed

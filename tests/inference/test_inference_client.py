@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from areal_agents.inference.client import InferenceClient, InferenceError
 from areal_agents.inference.launcher import ServerGroup, free_port
 from areal_agents.inference.llm_client import ClientLLM
 from areal_agents.inference.protocol import parse_generate_reply
+from areal_agents.llm import Generation
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +172,27 @@ def test_4xx_fails_at_once_5xx_is_retried(faulty: tuple[str, list, Counter]) -> 
     gen = run(lambda c: c.generate([1], SAMPLING), InferenceClient([addr], retries=3, backoff=0.01, reprobe_after=0.0))
     assert gen.output_ids == [5, 6] and gen.logprobs == [-0.5, -0.25] and gen.versions == [4, 4]
     assert hits["generate"] == 4
+
+
+def test_one_5xx_from_the_only_server_waits_for_its_reprobe_instead_of_failing(
+    faulty: tuple[str, list, Counter],
+) -> None:
+    """A server's one transient error must not fail the requests that arrive while it is marked
+    down, even when its re-probe comes later than the whole retry backoff (0.1 + 0.2 + 0.4 s):
+    they wait for the ``/health`` re-probe."""
+    addr, replies, hits = faulty
+    replies.extend([(503, b"{}"), (200, GOOD)])
+    client = InferenceClient([addr], reprobe_after=1.0)
+
+    async def main(c: InferenceClient) -> list[Generation]:
+        first = asyncio.ensure_future(c.generate([1], SAMPLING))
+        await asyncio.sleep(0.05)  # the 503 has marked the server down; these start while it is
+        return [await first, *await asyncio.gather(*(c.generate([1], SAMPLING) for _ in range(3)))]
+
+    t0 = time.monotonic()
+    gens = run(main, client)
+    assert [g.output_ids for g in gens] == [[5, 6]] * 4 and hits["generate"] == 5
+    assert 0.9 < time.monotonic() - t0 < 5 and client.stats["failovers"] == 1
 
 
 def test_abort_replies_are_resumed_with_the_remaining_budget(faulty: tuple[str, list, Counter]) -> None:

@@ -66,7 +66,9 @@ def test_run_survives_a_killed_inference_server(tmp_path: Path) -> None:
     submitted = last["rollout/submitted"]
     accounted = last["rollout/accepted"] + last["rollout/failed"] + last["rollout/dropped"] + last["rollout/in_flight"]
     assert submitted == accounted, last
-    assert last["rollout/failed"] == 0, last  # the dead server's requests were resent to the live one
+    # the dead server's requests were resent to the live one
+    failed = {k: v for k, v in last.items() if k.startswith("rollout/failed")}
+    assert last["rollout/failed"] == 0, (failed, [line for line in out.splitlines() if "rror" in line][-20:])
     record("run_with_server_sigkill", command="areal-agents run --env math inference.num_servers=2 "
            "trainer.weight_sync=gloo", steps=STEPS, first_version_without_it=killed_at,
            finished_s_after_kill=round(time.monotonic() - t_kill, 1), episodes_submitted=submitted, failed=0)

@@ -141,6 +141,7 @@ def test_straggler_group_is_cancelled_as_stale():
         stats, counts = ex.stats(), ex.counts()
     assert stats["rollout/dropped_groups/stale"] >= 1
     assert len(cancelled) >= 2 and all(e.startswith("rollout-0-") for e in cancelled[:2])
+    assert counts["failed"] == 0 and counts["dropped"] >= len(cancelled)  # cancelled for staleness: not a failure
     assert_invariant(counts)
 
 
