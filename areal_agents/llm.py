@@ -9,8 +9,10 @@ new messages' tokens, so the trainer sees exactly what was sampled. Backends imp
 from __future__ import annotations
 
 import copy
+import json
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,10 +20,11 @@ from areal_agents.types import Trajectory
 
 __all__ = ["Generation", "LLM", "Tokenizer"]
 
-# Texts a tokenizer has encoded, shared by the episodes that use it: the 8 episodes of a
-# group render the same prompt, and every turn ends with the same template text.
-_ENCODED: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
-_ENCODED_MAX = 8192
+# What a tokenizer has rendered and encoded, shared by the episodes that use it: the 8
+# episodes of a group render and encode the same prompt, and every turn ends with the same
+# template text. Keys: ``("text", text)`` -> token ids; ``("render", json)`` -> template text.
+_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
+_CACHE_MAX = 8192
 
 
 class Tokenizer(Protocol):
@@ -78,9 +81,9 @@ class LLM(ABC):
         self.default_sampling: dict[str, Any] = dict(default_sampling or {})
         self._turn_end: str | None = None
         try:
-            self._encoded: dict[str, tuple[int, ...]] | None = _ENCODED.setdefault(tokenizer, {})
+            self._cache: dict[tuple[str, str], Any] | None = _CACHE.setdefault(tokenizer, {})
         except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no cache
-            self._encoded = None
+            self._cache = None
         self.reset()
 
     def reset(self) -> None:
@@ -145,27 +148,43 @@ class LLM(ABC):
         self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * n)
         self._versions.extend([int(v) for v in versions] if versions is not None else [-1] * n)
 
+    def _cached(self, key: tuple[str, str], compute: Callable[[], Any]) -> Any:
+        cache = self._cache
+        value = cache.get(key) if cache is not None else None
+        if value is None:
+            value = compute()
+            if cache is not None:
+                if len(cache) >= _CACHE_MAX:
+                    cache.clear()
+                cache[key] = value
+        return value
+
     def _encode(self, text: str) -> list[int]:
         if not text:
             return []
-        cache = self._encoded
-        ids = cache.get(text) if cache is not None else None
-        if ids is None:
-            ids = tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))
-            if cache is not None:
-                if len(cache) >= _ENCODED_MAX:
-                    cache.clear()
-                cache[text] = ids
+        ids = self._cached(
+            ("text", text), lambda: tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))
+        )
         return list(ids)
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         extra = {"tools": self._tools} if self._tools else {}
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
-        )
-        if not isinstance(text, str):
-            raise TypeError(f"tokenizer.apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
-        return text
+
+        def render() -> str:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
+            )
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"tokenizer.apply_chat_template(tokenize=False) returned {type(text).__name__}, not str"
+                )
+            return text
+
+        try:
+            key = json.dumps([messages, self._tools, generation_prompt], sort_keys=True)
+        except (TypeError, ValueError):  # messages the cache cannot key (not JSON): render each time
+            return render()
+        return str(self._cached(("render", key), render))
 
     def _sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
         merged = {**self.default_sampling, **overrides}

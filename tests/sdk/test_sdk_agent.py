@@ -337,3 +337,24 @@ def test_customize_guide_agent_runs_verbatim() -> None:
     assert traj.status == "ok" and traj.turn_rewards == [1.0] and traj.info["success"] is True
     broken = asyncio.run(agent.run(EchoEnv(fail_at=1), ScriptedLLM(["ok"], CharTokenizer())))
     assert broken.status == "env_error" and "boom in step" in broken.info["error"]
+
+
+def test_a_group_renders_its_shared_prompt_once_with_the_same_tokens() -> None:
+    """The chat template is rendered once per distinct conversation and tokenizer (the 8
+    episodes of a group share their prompt): the same tokens as rendering each time."""
+
+    class CountingTokenizer(CharTokenizer):
+        renders = 0
+
+        def apply_chat_template(self, conversation, tokenize=True, add_generation_prompt=False, **kwargs):
+            CountingTokenizer.renders += 1
+            return super().apply_chat_template(conversation, tokenize, add_generation_prompt, **kwargs)
+
+    tok = CountingTokenizer()
+    trajs = [play(EchoEnv(turns=2), ScriptedLLM(["ok", "no"], tok), max_turns=2, system_prompt="sys") for _ in range(8)]
+    fresh = play(EchoEnv(turns=2), ScriptedLLM(["ok", "no"], CharTokenizer()), max_turns=2, system_prompt="sys")
+    assert all(t.input_ids == fresh.input_ids and t.loss_mask == fresh.loss_mask for t in trajs)
+    # one episode's renders: the prompt, the turn-end probe, and old + full text of turn 2
+    assert CountingTokenizer.renders == 4
+    other = play(EchoEnv(turns=1), ScriptedLLM(["ok"], tok), max_turns=1, system_prompt="another")
+    assert CountingTokenizer.renders == 5 and other.num_turns == 1  # a new prompt is rendered
