@@ -399,7 +399,7 @@ class TrainerConfig(Section):
     max_time_s: float | None = f(None, "Stop training after this many seconds (then eval and save).")
 
     def rules(self) -> list[tuple[bool, str, str]]:
-        return [(self.nnodes == 1 or self.rdzv_endpoint is not None, "trainer.rdzv_endpoint",
+        return [(self.nnodes == 1 or self.rdzv_endpoint is not None, "rdzv_endpoint",
                  f"trainer.nnodes={self.nnodes} needs the rendezvous host:port that every node reaches")]
 
 

@@ -58,6 +58,14 @@ def _wait_port_free(host: str, port: int, timeout: float = 20.0) -> None:
         time.sleep(0.2)
 
 
+def _kill_group(pid_file: Path) -> None:
+    """SIGKILL the process group of the server whose pid ``pid_file`` holds (a previous launch)."""
+    try:
+        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
 class ServerActor:
     """Inference server ``index`` of a run, launched on this actor's node."""
 
@@ -67,9 +75,10 @@ class ServerActor:
         cfg.inference.host = self.info["ip"]  # reachable from the other nodes
         logs = Path(log_dir) / f"server-{index}"
         logs.mkdir(parents=True, exist_ok=True)
-        port_file = logs / "port"  # on this node: a restart (same bundle, same node) reads it back
+        port_file, pid_file = logs / "port", logs / "pid"  # on this node: a restart (same bundle) reads them
         if port_file.exists():
             port = int(port_file.read_text())
+            _kill_group(pid_file)  # the dead actor's server, if it still shuts down
             _wait_port_free(self.info["ip"], port)
         else:
             port = free_port(self.info["ip"])
@@ -79,6 +88,7 @@ class ServerActor:
                                                  env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)})
         self.info["address"] = self.group.addresses[0]
         self.info["server_pid"] = self.group[0].process.pid
+        pid_file.write_text(str(self.info["server_pid"]))
 
     def describe(self) -> dict[str, Any]:
         """``{ip, node_id, pid, address, server_pid}``."""
