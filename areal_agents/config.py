@@ -33,6 +33,7 @@ __all__ = [
     "InferenceConfig",
     "LoggingConfig",
     "LoraConfig",
+    "RayConfig",
     "RolloutConfig",
     "SFTConfig",
     "SGLangConfig",
@@ -388,11 +389,37 @@ class TrainerConfig(Section):
                          one_of("disk", "gloo", "nccl"))
     weight_sync_address: str = f("127.0.0.1", "Trainer address the servers join for gloo/nccl weight sync "
                                               "(this host's IP when they run on other hosts).")
-    nproc: int = f(1, "Trainer ranks; > 1 launches torchrun.", ge(1))
+    nproc: int = f(1, "Trainer ranks per node; > 1 launches torchrun (launcher=ray: Ray actors).", ge(1))
+    nnodes: int = f(1, "Trainer nodes; > 1 runs one torchrun per node that meet at trainer.rdzv_endpoint "
+                       "(launcher=ray: nnodes x nproc rank actors).", ge(1))
+    rdzv_endpoint: str | None = f(None, "host:port of torchrun's c10d rendezvous when trainer.nnodes > 1.")
     device: str = f("cpu", "Trainer device.", one_of("cpu", "cuda"))
     first_gpu: int | None = f(None, "GPU of trainer local rank 0 (rank r takes first_gpu + r); None = the GPU "
                                     "after those of the SGLang servers the run launches, else 0.", ge(0))
     max_time_s: float | None = f(None, "Stop training after this many seconds (then eval and save).")
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        return [(self.nnodes == 1 or self.rdzv_endpoint is not None, "rdzv_endpoint",
+                 f"trainer.nnodes={self.nnodes} needs the rendezvous host:port that every node reaches")]
+
+
+@dataclass
+class RayConfig(Section):
+    """launcher=ray: where the servers and trainer ranks go on a Ray cluster."""
+
+    address: str | None = f(None, "Ray cluster to join: host:port of its head, or auto; None starts a local one.")
+    strategy: str = f("PACK", "Placement of the servers' bundles and of the trainer ranks' bundles.",
+                      one_of("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+    separate: bool = f(True, "Servers and trainer ranks on different nodes (when some node has no server).")
+    server_resource: str | None = f(None, "Custom node resource each server needs (nodes started with "
+                                          "--resources='{\"NAME\": 1}'): pins servers to those nodes.")
+    trainer_resource: str | None = f(None, "Custom node resource each trainer rank needs: pins the ranks.")
+    cpus_per_server: float = f(1.0, "CPUs reserved per inference server.", gt(0))
+    cpus_per_trainer: float = f(1.0, "CPUs reserved per trainer rank (also its torch threads).", gt(0))
+    shared_dir: str | None = f(None, "Directory every node sees, for disk weight sync; None = the run dir "
+                                     "(then output_dir must be on a shared filesystem).")
+    placement_timeout: float = f(60.0, "Seconds to wait for the cluster to place servers and ranks.", gt(0))
+    server_restarts: int = f(1, "Times Ray restarts a dead server actor (same node and port).", ge(0))
 
 
 @dataclass
@@ -429,6 +456,8 @@ class ExperimentConfig(Section):
     train_data: str | None = f(None, "mode=train: rollout JSONL to train from.")
     seed: int = f(1, "Global seed.")
     imports: list[str] = f([], "Modules or .py files imported first, to register custom envs/agents/algorithms.")
+    launcher: str = f("local", "Where servers and trainer ranks run: local processes or a Ray cluster "
+                               "(pip install 'areal-agents[ray]').", one_of("local", "ray"))
     allocation_mode: str | None = f(None, "Device split shorthand: 'sglang.d2t2+d4' = 2 SGLang servers x TP 2 "
                                           "(GPUs 0-3) + 4 trainer ranks (GPUs 4-7); sets inference.backend/"
                                           "num_servers, sglang.tp_size, trainer.nproc/device.")
@@ -445,6 +474,7 @@ class ExperimentConfig(Section):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         if self.experiment_name is None and dataclasses.is_dataclass(self.env):
@@ -484,6 +514,15 @@ class ExperimentConfig(Section):
         if self.trainer.first_gpu is not None:
             return self.trainer.first_gpu
         return self.inference.num_servers * self.sglang.tp_size if self.inference.backend == "sglang" else 0
+
+    @property
+    def weights_dir(self) -> str:
+        """Where disk weight sync writes versions: under ``ray.shared_dir`` when set, else the run dir."""
+        import os
+
+        if self.ray.shared_dir:
+            return os.path.join(self.ray.shared_dir, self.experiment_name or self.env.name, self.trial_name, "weights")
+        return os.path.join(self.run_dir, "weights")
 
     @property
     def run_dir(self) -> str:

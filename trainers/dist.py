@@ -140,6 +140,8 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str] = (), *, nnode
     return [*cmd, "-m", module, *args]
 
 
-def run_torchrun(nproc: int, module: str, args: Sequence[str] = (), **kwargs: Any) -> int:
+def run_torchrun(nproc: int, module: str, args: Sequence[str] = (), *, nnodes: int = 1,
+                 rdzv_endpoint: str | None = None, **kwargs: Any) -> int:
     """Run :func:`torchrun_command` to completion and return its exit code."""
-    return subprocess.call(torchrun_command(nproc, module, args), **kwargs)
+    return subprocess.call(torchrun_command(nproc, module, args, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
+                           **kwargs)

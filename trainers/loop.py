@@ -51,11 +51,21 @@ __all__ = ["cli_run", "run"]
 
 def cli_run(args: argparse.Namespace) -> int:
     cfg: ExperimentConfig = args.cfg
-    if cfg.trainer.nproc > 1 and cfg.actor.path is None:  # the warm start would be a collective SFT per run
+    ranks = cfg.trainer.nproc * cfg.trainer.nnodes
+    if ranks > 1 and cfg.actor.path is None:  # the warm start would be a collective SFT per run
         raise ConfigError("trainer.nproc", "more than one trainer rank needs actor.path "
                           "(warm-start the tiny model first: areal-agents sft)")
-    if cfg.trainer.nproc > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks
-        return tdist.run_torchrun(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:])
+    if cfg.launcher == "ray" and "WORLD_SIZE" not in os.environ:  # servers and ranks as Ray actors
+        from trainers.ray_launcher import run_on_ray
+
+        return run_on_ray(cfg)
+    if ranks > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks (per node)
+        return tdist.run_torchrun(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:], nnodes=cfg.trainer.nnodes,
+                                  rdzv_endpoint=cfg.trainer.rdzv_endpoint)
+    if "WORLD_SIZE" in os.environ:  # a launched rank: ends with its launcher (a Ray actor) when asked to
+        from areal_agents.lifeline import watch_parent_from_env
+
+        watch_parent_from_env()
     run(cfg)
     if "WORLD_SIZE" in os.environ:  # a torchrun rank: leave together (after an error torchrun stops them all)
         tdist.shutdown()
@@ -239,7 +249,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
         _trainer_threads(cfg)
         engine = TrainEngine(cfg, model_path)
-        sync = make_weight_sync(cfg, r0.addresses, run_dir / "weights")
+        sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
         stack.callback(sync.close)
         step = version = 0
         if resume_from is not None:

@@ -3,7 +3,9 @@
 Each server runs in its own process group on a loopback port and is waited for until
 ``GET /health`` answers; closing a handle kills the whole group, and a failed launch
 closes every server it had started, so no process outlives its owner. On Linux the
-children launched from the main thread get SIGTERM if the launching process dies.
+children launched from the main thread get SIGTERM if the launching process dies, and every
+embedded server watches its launcher's pid (``--parent-pid``), so it also ends when it was
+launched from another thread (a Ray actor's) and its launcher is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--weight-version", default="0", help="initial weight version")
     parser.add_argument("--lora-paths", nargs="*", type=_lora_path, action=_Merge, metavar="NAME=DIR",
                         help="LoRA adapters (PEFT dirs) to load at start, served under NAME (lora_path of /generate)")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit once this process (the launcher) is gone (polled every 0.5 s)")
     return parser
 
 
@@ -102,8 +106,11 @@ class _Merge(argparse.Action):
         setattr(namespace, self.dest, merged)
 
 
-def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0) -> list[str]:
-    """``python -m areal_agents.inference.server ...`` with the config's host, device and batch size."""
+def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0,
+                     parent_pid: int | None = None) -> list[str]:
+    """``python -m areal_agents.inference.server ...`` with the config's host, device and batch size
+    (and ``--parent-pid``: the server exits once that process is gone)."""
+    watch = ["--parent-pid", str(int(parent_pid))] if parent_pid is not None else []
     return [
         sys.executable, "-m", "areal_agents.inference.server",
         "--model", str(model_path),
@@ -111,6 +118,7 @@ def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0
         "--port", str(int(port)),
         "--device", str(cfg.inference.device),
         "--max-batch-size", str(int(cfg.inference.max_batch_size)),
+        *watch,
     ]  # fmt: skip
 
 
@@ -220,9 +228,10 @@ def _wait_announced(handle: ServerHandle, deadline: float) -> str:
 
 def launch_servers(
     cfg: Any, model_path: str | os.PathLike[str], n: int | None = None, *, log_dir: str | os.PathLike[str] | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, ports: list[int] | None = None,
 ) -> ServerGroup:  # fmt: skip
-    """Start ``n`` (default ``cfg.inference.num_servers``) servers of ``cfg.inference.backend``.
+    """Start ``n`` (default ``cfg.inference.num_servers``) servers of ``cfg.inference.backend``
+    (on ``ports`` when given, else on free ones).
 
     Returns once every server answers ``/health`` with 200; raises :class:`LaunchError`
     (after closing what it started) otherwise. Logs go to ``log_dir/server-<i>.log``.
@@ -246,8 +255,9 @@ def launch_servers(
     deadline = time.monotonic() + float(cfg.inference.setup_timeout)
     try:
         for i in range(n):
-            port = 0 if backend == "embedded" else free_port(cfg.inference.host)
-            cmd = embedded_command(cfg, model_path) if backend == "embedded" else sglang_command(cfg, model_path, port, i)
+            port = ports[i] if ports else 0 if backend == "embedded" else free_port(cfg.inference.host)
+            cmd = (embedded_command(cfg, model_path, port, parent_pid=os.getpid()) if backend == "embedded"
+                   else sglang_command(cfg, model_path, port, i))
             log_path = logs / f"server-{i}.log"
             offset = log_path.stat().st_size if log_path.exists() else 0
             handle = ServerHandle(f"{cfg.inference.host}:{port}", _start(cmd, log_path, env), log_path, offset)

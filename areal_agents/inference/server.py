@@ -420,6 +420,10 @@ def cli_serve(args: argparse.Namespace) -> int:
     if not (Path(path) / "config.json").is_file():
         print(f"error: --model {path}: no config.json there (not a Hugging Face model dir)", file=sys.stderr)
         return 2
+    if getattr(args, "parent_pid", None) is not None:
+        from areal_agents.lifeline import watch_parent
+
+        watch_parent(args.parent_pid)
     model, tokenizer = load_model(path, args.device)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
     for name, adapter_dir in (getattr(args, "lora_paths", None) or {}).items():

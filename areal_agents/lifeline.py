@@ -1,0 +1,56 @@
+"""A child process that ends when the process that started it is gone.
+
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, so a child started
+from a worker thread (a Ray actor method, a thread pool) outlives a parent that is SIGKILLed.
+:func:`watch_parent` instead polls the parent's pid from a daemon thread of the child: once the
+parent is gone (or the child was re-parented), the child gets ``signal`` (its own clean-up
+runs), and is hard-exited ``grace`` seconds later if it is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+import threading
+import time
+
+__all__ = ["PARENT_PID_ENV", "parent_alive", "watch_parent", "watch_parent_from_env"]
+
+PARENT_PID_ENV = "AREAL_AGENTS_PARENT_PID"  # a launched ``areal-agents`` process watches this pid
+
+
+def parent_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs and is still this process's parent."""
+    if os.getppid() != pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch_parent(pid: int, *, interval: float = 0.5, signal: int = _signal.SIGTERM,
+                 grace: float = 10.0) -> threading.Thread:
+    """Start a daemon thread that sends ``signal`` to this process when ``pid`` is gone."""
+    def watch() -> None:
+        while parent_alive(pid):
+            time.sleep(interval)
+        os.kill(os.getpid(), signal)
+        time.sleep(grace)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, daemon=True, name=f"watch-parent-{pid}")
+    thread.start()
+    return thread
+
+
+def watch_parent_from_env() -> threading.Thread | None:
+    """:func:`watch_parent` on the pid in ``$AREAL_AGENTS_PARENT_PID`` (SIGKILL: a trainer rank
+    whose launcher died has no one to finish with), or None when it is not set."""
+    pid = os.environ.get(PARENT_PID_ENV)
+    if not pid:
+        return None
+    return watch_parent(int(pid), signal=_signal.SIGKILL)
