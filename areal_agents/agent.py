@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from areal_agents.openai_compat.tools import parse_tool_calls
 from areal_agents.types import Trajectory, check_turn_discount
 
 if TYPE_CHECKING:
@@ -117,8 +118,11 @@ class ChatAgent(Agent):
     ``max_tokens``), steps the env with the reply and appends the env's observation, until
     the env terminates or truncates, ``max_turns`` replies were made, or ``max_tokens``
     generated tokens are used. Per-turn env rewards are discounted by ``turn_discount``.
-    ``tools`` (OpenAI function specs) are rendered into the prompt by the chat template; the
-    env sees the raw reply, tool-call markup (``<tool_call>{...}</tool_call>``) included.
+    ``tools`` (OpenAI function specs; default: the env's ``tools``, or ``info["tools"]`` from its
+    ``reset``) are rendered into the prompt by the chat template; the env sees the raw reply,
+    tool-call markup (``<tool_call>{...}</tool_call>``) included, and the reply's parsed calls go
+    into the history's assistant message (``tool_calls``) and ``info["num_tool_calls"]``; an env
+    answers a call with an observation of ``tool`` messages (``{"role": "tool", "content": ...}``).
     An exception from the env ends the episode with ``status="env_error"``; a reward failure
     reported by the env (``info["reward_status"]``) sets ``reward_error``/``timeout``; a
     generation aborted by the server sets ``aborted``. The env's ``info["success"]`` is kept;
@@ -152,9 +156,13 @@ class ChatAgent(Agent):
         info: dict[str, Any] = {}
         status = "ok"
         try:
-            obs, _ = await env.areset(seed=seed, options=row)
+            obs, reset_info = await env.areset(seed=seed, options=row)
         except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
             return Trajectory(status="env_error", info={"error": f"reset: {type(exc).__name__}: {exc}"})
+        tools = self.tools or (reset_info.get("tools") if isinstance(reset_info, dict) else None) or \
+            getattr(env, "tools", None) or None
+        names = {t.get("function", t).get("name") for t in tools} if tools else set()
+        num_calls = 0
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
@@ -166,9 +174,11 @@ class ChatAgent(Agent):
             per_turn = int(self.sampling.get("max_new_tokens", budget))
             sampling = {**self.sampling, "max_new_tokens": max(1, min(per_turn, budget))}
             before = llm.num_generated
-            text = await llm.chat(messages, tools=self.tools, **sampling)
+            text = await llm.chat(messages, tools=tools, **sampling)
             budget -= llm.num_generated - before
-            messages.append({"role": "assistant", "content": text})
+            content, calls = parse_tool_calls(text, names) if tools else (text, [])
+            messages.append({"role": "assistant", "content": content or "", **({"tool_calls": calls} if calls else {})})
+            num_calls += len(calls)
             gen = llm.last_generation
             if gen is not None and gen.finish_reason == "abort":
                 rewards.append(0.0)
@@ -184,6 +194,8 @@ class ChatAgent(Agent):
                 break
             messages += _as_messages(step.obs)
         info["end_reason"] = end_reason
+        if tools:
+            info["num_tool_calls"] = num_calls
         info["num_turns"] = len(rewards)
         if end_reason not in ("terminated", "truncated"):  # cut short by the agent: not solved unless the env said so
             info.setdefault("success", False)

@@ -230,6 +230,24 @@ def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     return name, dict(getattr(spec, "defaults", {}) or {})
 
 
+def _env_defaults(layers: list[DictConfig]) -> tuple[str, DictConfig | None]:
+    """The env chosen in ``layers`` and its class's ``default_config`` (keys it sets unless the
+    YAML or an override does), or None; an unknown env is left to :func:`_check_names`."""
+    given = _last_given(layers, "env.name")
+    name = "math" if given is None else str(given)
+    from areal_agents.registry import RegistryError, envs
+
+    try:
+        defaults = getattr(envs.get(name), "default_config", None) if name in envs else None
+    except RegistryError:
+        return name, None
+    if not defaults:
+        return name, None
+    if not isinstance(defaults, dict):
+        raise ConfigError("env.name", f"env {name!r}: default_config must be a dict of config keys")
+    return name, OmegaConf.create(defaults)
+
+
 _ALLOCATION = re.compile(r"(sglang|embedded)\.d(\d+)(?:p(\d+))?(?:t(\d+))?\+d(\d+)(?:p(\d+))?(?:t(\d+))?")
 
 
@@ -286,7 +304,8 @@ def _layers(
     apply_algorithm_defaults: bool,
 ) -> list[tuple[str, DictConfig]]:
     """The layers merged over the schema, lowest first, each with the source it stands for:
-    algorithm spec defaults, ``allocation_mode``, ``base``, the YAML file, the overrides."""
+    algorithm spec defaults, the env's ``default_config``, ``allocation_mode``, ``base``, the YAML file,
+    the overrides."""
     layers: list[tuple[str, DictConfig]] = []
     if base:
         layers.append(("base", OmegaConf.create(base)))
@@ -311,6 +330,10 @@ def _layers(
     if (allocation := _allocation_layer(given)) is not None:
         layers.insert(0, ("allocation_mode", allocation))
     if apply_algorithm_defaults:
+        env_name, env_defaults = _env_defaults([layer for _, layer in layers])
+        if env_defaults:
+            _check_keys(OmegaConf.to_container(env_defaults, resolve=False), known)
+            layers.insert(0, (f"env {env_name}", env_defaults))
         name, defaults = _algorithm_defaults([layer for _, layer in layers])
         if defaults:
             layers.insert(0, (f"algorithm {name}", OmegaConf.create({"algorithm": defaults})))
@@ -358,7 +381,8 @@ def load_config(
     base: dict[str, Any] | None = None,
     apply_algorithm_defaults: bool = True,
 ) -> ExperimentConfig:
-    """Schema ← algorithm defaults ← ``allocation_mode`` ← ``base`` ← YAML file ← overrides, then validate."""
+    """Schema ← algorithm defaults ← the env's ``default_config`` ← ``allocation_mode`` ← ``base`` ← YAML
+    file ← overrides, then validate."""
     return _build(_layers(config_file, overrides, base, apply_algorithm_defaults))
 
 
@@ -373,7 +397,8 @@ def explain_config(
 ) -> tuple[ExperimentConfig, dict[str, str]]:
     """The config :func:`load_config` gives for the same arguments (what a run uses), and for
     every leaf key where its value comes from: ``default`` (the dataclass), ``algorithm NAME``
-    (the algorithm spec's defaults), ``allocation_mode``, ``base``, ``yaml`` or ``override``."""
+    (the algorithm spec's defaults), ``env NAME`` (the env's ``default_config``), ``allocation_mode``,
+    ``base``, ``yaml`` or ``override``."""
     layers = _layers(config_file, overrides, base, True)
     cfg = _build(layers)
     sources: dict[str, str] = {}

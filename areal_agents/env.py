@@ -144,7 +144,11 @@ class Env(gymnasium.Env):
     Class attributes a subclass may set:
 
     * ``default_dataset`` — registered dataset whose rows this env plays by default;
-    * ``default_dataset_kwargs`` — keyword arguments for that dataset.
+    * ``default_dataset_kwargs`` — keyword arguments for that dataset;
+    * ``default_config`` — config keys a run of this env uses unless the YAML or an override
+      sets them (nested dicts, e.g. ``{"agent": {"name": "my-agent"}}``);
+    * ``tools`` — OpenAI function specs the model is shown (:class:`~areal_agents.agent.ChatAgent`
+      renders them with the chat template; an instance may set its own in ``reset``).
 
     ``reset(seed=None, options=row)`` starts an episode for the dataset ``row``; with
     ``options=None`` it draws a row of the default dataset (seeded). ``step(text)`` returns
@@ -156,6 +160,8 @@ class Env(gymnasium.Env):
     metadata = {"render_modes": []}
     default_dataset: ClassVar[str | None] = None
     default_dataset_kwargs: ClassVar[dict[str, Any]] = {}
+    default_config: ClassVar[dict[str, Any]] = {}
+    tools: list[dict[str, Any]] | None = None
     observation_space = TextSpace(allow_messages=True)
     action_space = TextSpace()
 
@@ -184,6 +190,12 @@ class Env(gymnasium.Env):
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """A correct first reply to ``row`` for supervised warm start, or ``None`` if there is none."""
+        return None
+
+    def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A correct whole episode of ``row`` as OpenAI chat messages for the warm start (e.g. user,
+        assistant with ``tool_calls``, ``tool`` result, assistant answer), rendered with ``tools``;
+        only the assistant turns are trained. ``None`` (the default): :meth:`reference_completion`."""
         return None
 
     def compute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -387,7 +399,7 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
     finite real reward, bool flags (Python or NumPy) and a dict info; ``info["success"]`` is
     present but not a bool; the same seed and actions give different observations or rewards;
     ``areset``/``astep`` disagree with the sync methods; ``reference_completion`` returns
-    neither ``str`` nor ``None``. An env that implements only ``areset``/``astep`` (natively
+    neither ``str`` nor ``None`` (``reference_conversation``: neither chat messages nor ``None``). An env that implements only ``areset``/``astep`` (natively
     async) is checked through them. Warning: the last step has no ``info["success"]`` (then
     ``success = reward > 0`` in evaluation). ``actions`` are played in turn (default: a few
     generic probe replies) for at most ``steps`` steps; ``options`` (a dataset row) is passed
@@ -433,3 +445,9 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
         ref = env.reference_completion(row)
         if ref is not None and not isinstance(ref, str):
             _fail(env, f"reference_completion returned {type(ref).__name__}; return a str or None")
+        conv = env.reference_conversation(row)
+        if conv is not None and not (isinstance(conv, list) and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in conv)
+                and any(m["role"] == "assistant" for m in conv)):
+            _fail(env, "reference_conversation must return None or a list of {'role': ..., ...} chat messages "
+                       "with at least one assistant message")

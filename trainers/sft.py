@@ -2,8 +2,10 @@
 
 ``ensure_warm_model(cfg)`` is what ``areal-agents run`` calls without ``actor.path``: it builds
 the tiny model for the env's text (:mod:`areal_agents.inference.tiny_model`), renders each
-training row as ``chat_template([user: prompt], add_generation_prompt) + reference + eos``,
-fine-tunes on that, and caches the result under a hash of (env, dataset, SFT config).
+training row as ``chat_template([user: prompt], add_generation_prompt) + reference + eos`` (or,
+for an env with ``reference_conversation``, the whole conversation with the env's ``tools``,
+only the assistant turns trained), fine-tunes on that, and caches the result under a hash of
+(env, dataset, SFT config).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from areal_agents.types import Trajectory
 __all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
            "sft_train"]
 
-Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str]
+Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str] | Trajectory
 _CHECK_ROWS = 200
 _WARM_VERSION = 5  # bump when the warm start recipe changes, so cached models are rebuilt
 
@@ -44,9 +46,15 @@ def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: An
     return loss, {"sft/nll": float(loss.detach())}
 
 
-def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
     out = []
-    for i, (prompt, completion) in enumerate(examples):
+    for i, example in enumerate(examples):
+        if isinstance(example, Trajectory):
+            if not any(example.loss_mask):
+                raise ValueError(f"example {i}: the trajectory has no trained (loss mask 1) tokens")
+            out.append(example)
+            continue
+        prompt, completion = example
         if isinstance(prompt, str) != isinstance(completion, str):
             raise ValueError(f"example {i}: prompt and completion must both be text or both token ids")
         if isinstance(prompt, str):
@@ -58,7 +66,7 @@ def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[tuple[list[int]
             p, c = [int(t) for t in prompt], [int(t) for t in completion]
         if not p or not c:
             raise ValueError(f"example {i}: prompt and completion must be non-empty")
-        out.append((p, c))
+        out.append(_trajectory(p, c))
     return out
 
 
@@ -81,8 +89,9 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
               seed: int = 0, stop_at: float | None = None) -> dict[str, Any]:
     """Fine-tune ``model_path`` on ``examples`` and export the result to ``out_dir`` (atomic).
 
-    ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos) or
-    ``(prompt_text, completion_text)`` (tokenised without special tokens, eos appended).
+    ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos),
+    ``(prompt_text, completion_text)`` (tokenised without special tokens, eos appended), or a
+    :class:`Trajectory` (trained where its loss mask is 1, e.g. a whole reference conversation).
     ``sft.steps`` steps of ``sft.batch_size`` examples (seeded epochs), AdamW at ``sft.lr``
     with warmup + cosine decay (with ``stop_at``: warmup, then constant, since the run stops
     at an accuracy rather than a step count), on the FSDP2 engine (``cfg`` gives the actor/trainer
@@ -118,7 +127,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
                 if not order:
                     order = list(range(len(pairs)))
                     rng.shuffle(order)
-                batch.append(_trajectory(*pairs[order.pop()]))
+                batch.append(pairs[order.pop()])
             metrics = engine.train_batch(batch, sft_loss, temperature=1.0, n_minibatches=1)
             history["loss"].append(metrics["loss"])
             bar.update(task, advance=1, loss=metrics["loss"])
@@ -173,13 +182,16 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[st
 
 
 @torch.no_grad()
-def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int,
+def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[int]] | Trajectory], pad_token_id: int,
                          batch_size: int = 256) -> float:
-    """Fraction of ``(prompt_ids, completion_ids + eos)`` pairs whose greedy completion is exactly
-    the reference, from one teacher-forced forward pass per batch (no decoding loop).
+    """Fraction of ``(prompt_ids, completion_ids + eos)`` pairs (or trajectories, trained where
+    their loss mask is 1) whose greedy completion is exactly the reference, from one
+    teacher-forced forward pass per batch (no decoding loop).
 
     Greedy decoding reproduces the reference iff the argmax at every completion position (eos
-    included) is the reference token, so this equals greedy exact match; it is a lower bound
+    included) is the reference token, so this equals greedy exact match (for a conversation,
+    every reply given the reference context, which is greedy exact match when the context
+    between replies, e.g. a tool's result, follows from the replies); it is a lower bound
     of :func:`greedy_accuracy`, which also counts other completions the reward accepts.
     """
     was_training = model.training
@@ -187,15 +199,17 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
     hits = 0
     try:
         for start in range(0, len(examples), batch_size):
-            chunk = examples[start : start + batch_size]
-            width = max(len(p) + len(c) for p, c in chunk)
+            chunk = [(e.input_ids, e.loss_mask) if isinstance(e, Trajectory)
+                     else (list(e[0]) + list(e[1]), [0] * len(e[0]) + [1] * len(e[1]))
+                     for e in examples[start : start + batch_size]]
+            width = max(len(seq) for seq, _ in chunk)
             ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)
             attn = torch.zeros((len(chunk), width), dtype=torch.long)
             target = torch.zeros((len(chunk), width), dtype=torch.bool)
-            for i, (p, c) in enumerate(chunk):
-                ids[i, : len(p) + len(c)] = torch.tensor(list(p) + list(c))
-                attn[i, : len(p) + len(c)] = 1
-                target[i, len(p) : len(p) + len(c)] = True
+            for i, (seq, mask) in enumerate(chunk):
+                ids[i, : len(seq)] = torch.tensor(seq)
+                attn[i, : len(seq)] = 1
+                target[i, : len(seq)] = torch.tensor(mask, dtype=torch.bool)
             pred = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].argmax(-1)
             wrong = (pred != ids[:, 1:]) & target[:, 1:]
             hits += int((~wrong.any(1)).sum())
@@ -205,11 +219,25 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
 
 
 def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]]
-                    ) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
-    """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion, and the
+                    ) -> tuple[list[Any], list[list[int]]]:
+    """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion (a
+    :class:`Trajectory` of the whole episode for rows with a reference conversation), and the
     rendered prompt ids of every row (chat template with the generation prompt)."""
-    prompts, examples = [], []
+    from areal_agents.reference import reference_trajectory
+
+    prompts: list[list[int]] = []
+    examples: list[Any] = []
+    replayed: dict[str, Trajectory] = {}  # rows repeat: replay each conversation once
     for row in rows:
+        conv = env.reference_conversation(row)
+        if conv is not None:
+            key = json.dumps(conv, sort_keys=True, default=str)
+            if key not in replayed:
+                replayed[key] = reference_trajectory(tokenizer, conv, getattr(env, "tools", None))
+            traj = replayed[key]
+            examples.append(traj)
+            prompts.append(traj.input_ids[: traj.turn_spans[0][0]])
+            continue
         messages = ([{"role": "system", "content": cfg.agent.system_prompt}] if cfg.agent.system_prompt else [])
         messages.append({"role": "user", "content": str(row["prompt"])})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -219,6 +247,22 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
         if ref is not None:
             examples.append((p, tokenizer.encode(ref, add_special_tokens=False) + [tokenizer.eos_token_id]))
     return examples, prompts
+
+
+def _corpus_text(env: Any, row: dict[str, Any]) -> str:
+    """The text of a row the tiny model's tokenizer learns from: its prompt and reference (a
+    reference conversation as the tiny model's chat template renders it, tool specs included)."""
+    conv = env.reference_conversation(row)
+    if conv is None:
+        return str(row["prompt"]) + " " + str(env.reference_completion(row) or "")
+    import jinja2.sandbox
+
+    from areal_agents.inference.tiny_model import CHAT_TEMPLATE
+
+    jinja = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    jinja.filters["tojson"] = json.dumps
+    return jinja.from_string(CHAT_TEMPLATE).render(messages=conv, tools=getattr(env, "tools", None),
+                                                   add_generation_prompt=False)
 
 
 def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]]) -> str:
@@ -272,7 +316,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
 
     def texts() -> list[str]:
         seen = train_rows[:5000]
-        return [str(r["prompt"]) + " " + str(env.reference_completion(r) or "") for r in seen]
+        return [_corpus_text(env, r) for r in seen]
 
     base = ensure_tiny_model(cfg.env.name, texts)
     out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"

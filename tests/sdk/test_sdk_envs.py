@@ -11,7 +11,7 @@ from areal_agents.env import EnvCheckError
 from areal_agents.registry import RegistryError, envs
 from areal_agents.testing import ScriptedLLM
 
-BUILTINS = {"math", "math-multiturn", "guess-number", "python-tool", "countdown"}
+BUILTINS = {"math", "math-multiturn", "guess-number", "python-tool", "countdown", "unit-convert"}
 
 
 def test_builtins_are_registered() -> None:
@@ -37,6 +37,8 @@ def test_reference_completion_solves_or_starts_the_episode(name: str) -> None:
     out, reward, terminated, _, info = env.step(ref)
     if name == "python-tool":  # the reference is the tool call: its output holds the answer
         assert not terminated and out == f"<output>{env.row['answer']}</output>"
+    elif name == "unit-convert":  # the reference is the tool call: its result comes back as a tool message
+        assert not terminated and out == [{"role": "tool", "tool_call_id": "call_0", "content": env.row["answer"]}]
     else:
         assert terminated and info["success"] is True and reward == 1.0
 
