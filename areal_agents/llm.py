@@ -267,11 +267,13 @@ class LLM(ABC):
         self._append(self._encode(end), generated=False)
 
     async def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                   **sampling: Any) -> str:
+                   prefix: str = "", **sampling: Any) -> str:
         """Reply to ``messages`` (OpenAI-style dicts) and record the exact tokens.
 
         ``tools`` (OpenAI function specs) are passed to the chat template; they are fixed by
         the first call of an episode (a later call must pass the same ones or none).
+        ``prefix`` starts the reply with fixed text (e.g. a tool call's opening, to force one):
+        it is context (loss mask 0), the model continues it, and the returned text includes it.
 
         The first call renders the chat template with a generation prompt. Later calls must
         pass the previous conversation (including the assistant replies this method returned)
@@ -299,8 +301,9 @@ class LLM(ABC):
                 )
             self._append(self._encode(self._delta_text(messages[n:])), generated=False)
         self._messages = self._messages[:n] + messages[n:] if n else messages
+        self._append(self._encode(prefix), generated=False)
         gen = await self._record_generation(sampling)
-        text = self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=True)
+        text = prefix + self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=True)
         self._close_turn(gen)
         self._messages.append({"role": "assistant", "content": text})
         return text

@@ -23,6 +23,7 @@ from typing import Any
 from areal_agents.llm import LLM, Generation, Tokenizer
 from areal_agents.openai_compat.schema import APIError, ChatRequest, sampling_params
 from areal_agents.openai_compat.tools import parse_tool_calls
+from areal_agents.reference import assistant_text
 
 __all__ = ["CallRecord", "ChatSession", "GenerateFn", "completion_chunks"]
 
@@ -124,8 +125,38 @@ class ChatSession:
         own = tip.llm.messages
         return tip.llm, own + req.messages[len(tip.messages):]
 
+    def _forced_prefix(self, req: ChatRequest) -> str:
+        """The opening ``tool_choice`` forces on a reply, as this chat template writes a call:
+        up to ``<tool_call>`` for ``required``, up to the arguments of the named function for
+        ``{"type": "function", ...}``; "" for ``auto`` and ``none``."""
+        choice = req.tool_choice
+        if choice in ("auto", "none"):
+            return ""
+        if not req.tools:
+            raise APIError("tool_choice: only allowed when tools are given", param="tool_choice")
+        name = choice["function"].get("name") if isinstance(choice, dict) else req.tools[0]["function"]["name"]
+        if name not in {t["function"]["name"] for t in req.tools}:
+            raise APIError(f"tool_choice: function {name!r} is not one of the tools", param="tool_choice")
+        probe = '{"zq7probe": 1}'
+        call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": probe}}
+        try:
+            text = assistant_text(self.tokenizer, [{"role": "user", "content": "x"}],
+                                  {"role": "assistant", "content": "", "tool_calls": [call]}, req.tools)
+        except ValueError:
+            text = ""
+        if "<tool_call>" not in text or probe not in text:
+            raise APIError("tool_choice: this model's chat template has no <tool_call> format to force a call with",
+                           param="tool_choice")
+        if choice == "required":
+            return text[: text.index("<tool_call>") + len("<tool_call>")]
+        return text[: text.index(probe)]
+
     async def create(self, req: ChatRequest) -> dict[str, Any]:
-        """Answer ``req``: a ``chat.completion`` object (as a dict); records each choice."""
+        """Answer ``req``: a ``chat.completion`` object (as a dict); records each choice.
+
+        ``tool_choice`` ``required`` or a named function starts every reply with the opening of a
+        call (context, not sampled: see :meth:`_forced_prefix`), so the model writes a call."""
+        prefix = self._forced_prefix(req)
         base, messages = self._base(req)
         sampling = sampling_params(req, self.defaults)
         forks = [base.fork() for _ in range(req.n)]
@@ -134,9 +165,10 @@ class ChatSession:
                 fork.top_logprobs = req.top_logprobs
         try:
             if len(forks) == 1:
-                texts = [await forks[0].chat(messages, tools=req.tools, **sampling)]
+                texts = [await forks[0].chat(messages, tools=req.tools, prefix=prefix, **sampling)]
             else:
-                texts = list(await asyncio.gather(*(f.chat(messages, tools=req.tools, **sampling) for f in forks)))
+                texts = list(await asyncio.gather(
+                    *(f.chat(messages, tools=req.tools, prefix=prefix, **sampling) for f in forks)))
         except Exception as exc:
             if isinstance(exc, ValueError) or type(exc).__module__.startswith("jinja2"):
                 # the chat template cannot render these messages (e.g. roles it does not know)

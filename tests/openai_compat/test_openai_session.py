@@ -213,3 +213,36 @@ def test_a_template_that_refuses_the_messages_is_a_400(tokenizer: Any) -> None:
     with pytest.raises(APIError) as info:
         asyncio.run(session.create(parse_request({"model": "m", "messages": USER})))
     assert info.value.status == 400 and "only user messages" in info.value.message and not session.records
+
+
+def test_tool_choice_required_or_named_forces_a_call_as_context(tokenizer: Any) -> None:
+    """``required`` starts the reply with ``<tool_call>``, a named function with the call up to
+    its arguments (the template's own markup); the forced text is prompt (not sampled, not
+    trained), the model's continuation completes the call."""
+    session, backend = scripted(tokenizer, ['{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+                                            '{"a": 4, "b": 5}}</tool_call>'])
+    client = EpisodeClient(session)
+
+    async def agent() -> list[Any]:
+        replies = [await client.chat.completions.create(model="policy", messages=USER, tools=[ADD_TOOL],
+                                                        tool_choice=choice)
+                   for choice in ("required", {"type": "function", "function": {"name": "add"}})]
+        for bad, param in (({"type": "function", "function": {"name": "mul"}}, "tool_choice"),
+                           ("required", "tool_choice")):
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(model="policy", messages=USER, tool_choice=bad,
+                                                     tools=[ADD_TOOL] if bad != "required" else None)
+            assert info.value.body["param"] == param
+        return replies
+
+    required, named = asyncio.run(agent())
+    for reply, args in ((required, {"a": 2, "b": 3}), (named, {"a": 4, "b": 5})):
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "add"
+        assert json.loads(choice.message.tool_calls[0].function.arguments) == args
+    forced = ["<tool_call>", '<tool_call>{"name": "add", "arguments": ']
+    assert len(backend.calls) == 2
+    for rec, text in zip(session.records, forced, strict=True):
+        assert tokenizer.decode(rec.prompt_ids).endswith("<|im_start|>assistant\n" + text)
+        assert not tokenizer.decode(rec.completion_ids).startswith("<tool_call>")  # sampled: only the rest
+    assert len(session.records) == 2  # the refused requests generated nothing
