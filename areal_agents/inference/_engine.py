@@ -44,6 +44,8 @@ class GenRequest:
     logprob_start: int = -1  # >= 0: SGLang's prompt logprobs of prompt[logprob_start:], taken at prefill
     top_logprobs_num: int = 0  # > 0: the most likely alternatives of every output (and scored prompt) token
     lora: str | None = None  # the loaded LoRA adapter this request decodes with (None: the base model)
+    seed: int | None = None  # sample from a generator of its own, seeded so (None: the engine's shared one)
+    generator: torch.Generator | None = field(default=None, repr=False)
     done: Callable[[GenRequest], object] | None = None
     on_token: Callable[[GenRequest], object] | None = None  # after each token but the last (streaming)
     output_ids: list[int] = field(default_factory=list)
@@ -328,7 +330,11 @@ class Engine:
             )
             if reqs is self.rows:
                 self._params = params
-        tokens, lps = sample_next(logits, *params, generator=self.generator)
+        for r in reqs:
+            if r.seed is not None and r.generator is None:
+                r.generator = torch.Generator(device=self.device).manual_seed(r.seed)
+        own = [r.generator for r in reqs] if any(r.generator is not None for r in reqs) else None
+        tokens, lps = sample_next(logits, *params, generator=self.generator, row_generators=own)
         nums = [r.top_logprobs_num for r in reqs]
         tops = top_logprobs(scaled_logprobs(logits, params[0])[1], nums) if any(nums) else [None] * len(reqs)
         return tokens.tolist(), lps.tolist(), tops

@@ -13,6 +13,7 @@ def sample_next(
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     generator: torch.Generator | None = None,
+    row_generators: list[torch.Generator | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row and return it with its logprob.
 
@@ -22,6 +23,8 @@ def sample_next(
         top_p: ``[B]`` float in ``(0, 1]``.
         top_k: ``[B]`` long; ``<= 0`` disables.
         generator: optional RNG for reproducible sampling.
+        row_generators: optional ``[B]`` per-row RNGs; a row with one samples from it
+            (a seeded request draws the same tokens whatever it is batched with).
 
     Returns:
         ``(tokens [B] long, logprobs [B] float32)`` where ``logprobs`` is
@@ -50,6 +53,9 @@ def sample_next(
             filtered = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
         probs = torch.softmax(filtered, dim=-1)
         sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        for i, own in enumerate(row_generators or []):
+            if own is not None:
+                sampled[i] = torch.multinomial(probs[i], 1, generator=own)[0]
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 

@@ -47,12 +47,12 @@ _NEUTRAL_TOP: dict[str, Any] = {
 _NEUTRAL_SAMPLING: dict[str, Any] = {
     "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
     "spaces_between_special_tokens": True, "ebnf_full_assistant": False,
-    **dict.fromkeys(("stop_regex", "sampling_seed", "regex", "json_schema", "ebnf", "structural_tag", "beam_width",
+    **dict.fromkeys(("stop_regex", "regex", "json_schema", "ebnf", "structural_tag", "beam_width",
                      "custom_params", "logit_bias", "watermark")),
 }  # fmt: skip
 _HINTS_SAMPLING = {"stream_interval"}  # how often a stream sends: this server sends every token
 _SAMPLING = {"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-             "ignore_eos", "skip_special_tokens", "no_stop_trim", "n", *_NEUTRAL_SAMPLING, *_HINTS_SAMPLING}  # fmt: skip
+             "ignore_eos", "skip_special_tokens", "no_stop_trim", "n", "sampling_seed", *_NEUTRAL_SAMPLING, *_HINTS_SAMPLING}  # fmt: skip
 _TOP_ALL = _TOP_LEVEL | _HINTS_TOP | set(_NEUTRAL_TOP)
 
 
@@ -84,6 +84,7 @@ class GenerateSpec:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     lora_path: str | None = None  # the name of a loaded LoRA adapter (None: the base model)
+    sampling_seed: int | None = None  # this request's own RNG seed (None: the server's shared generator)
 
 
 def require(ok: bool, message: str) -> None:
@@ -171,6 +172,10 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     out["stop_token_ids"] = _token_list(sp.get("stop_token_ids") or [], "sampling_params.stop_token_ids", vocab)
     for key, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
         out[key] = _flag(sp.get(key), default, f"sampling_params.{key}")
+    seed = sp.get("sampling_seed")
+    require(seed is None or (_is_int(seed) and 0 <= seed < 2**63),
+            f"sampling_params.sampling_seed must be an integer in [0, 2^63) (got {seed!r})")  # fmt: skip
+    out["sampling_seed"] = seed
     return out
 
 
@@ -240,9 +245,10 @@ def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> t
         start = lp["logprob_start_len"]
         require(start <= len(prompt), f"'logprob_start_len' ({start}) is larger than prompt {i}'s {len(prompt)} tokens")
         base = r if r is not None else uuid.uuid4().hex
-        n = sp.pop("n")
-        for j in range(n):
-            specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, lora_path=lora, **sp, **lp))
+        n, seed = sp.pop("n"), sp.pop("sampling_seed")
+        for j in range(n):  # n samples of one seeded request: seeds seed, seed + 1, ...
+            specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, lora_path=lora,
+                                      sampling_seed=None if seed is None else (seed + j) % 2**63, **sp, **lp))
     return specs, batched or len(specs) > len(prompts)
 
 

@@ -112,6 +112,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
             logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, lora=spec.lora_path,
+            seed=spec.sampling_seed,
             done=functools.partial(_resolve_from_thread, loop, fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )

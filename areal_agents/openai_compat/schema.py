@@ -221,8 +221,8 @@ def parse_request(body: Any) -> ChatRequest:
 def sampling_params(req: ChatRequest, defaults: dict[str, Any]) -> dict[str, Any]:
     """SGLang ``sampling_params`` for ``req``: its values over the run's ``defaults``.
 
-    ``top_p`` of 0 means greedy; ``seed`` is not forwarded (the embedded server
-    samples from its own generator).
+    ``top_p`` of 0 means greedy; ``seed`` becomes ``sampling_seed`` (mapped into [0, 2^63)),
+    which the session offsets by the choice's index so that ``n`` choices differ.
     """
     out = dict(defaults)
     if req.temperature is not None:
@@ -236,4 +236,6 @@ def sampling_params(req: ChatRequest, defaults: dict[str, Any]) -> dict[str, Any
         out["max_new_tokens"] = req.max_tokens
     if req.stop:
         out["stop"] = list(req.stop)
+    if req.seed is not None:
+        out["sampling_seed"] = req.seed % 2**63
     return out

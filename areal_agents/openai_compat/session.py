@@ -168,7 +168,8 @@ class ChatSession:
                 texts = [await forks[0].chat(messages, tools=req.tools, prefix=prefix, **sampling)]
             else:
                 texts = list(await asyncio.gather(
-                    *(f.chat(messages, tools=req.tools, prefix=prefix, **sampling) for f in forks)))
+                    *(f.chat(messages, tools=req.tools, prefix=prefix, **_choice_seed(sampling, i))
+                      for i, f in enumerate(forks))))
         except Exception as exc:
             if isinstance(exc, ValueError) or type(exc).__module__.startswith("jinja2"):
                 # the chat template cannot render these messages (e.g. roles it does not know)
@@ -220,6 +221,12 @@ class ChatSession:
             entry["top_logprobs"] = [self._token(int(row[1]), row[0]) for row in top or [] if row[0] is not None]
             content.append(entry)
         return {"content": content, "refusal": None}
+
+
+def _choice_seed(sampling: dict[str, Any], index: int) -> dict[str, Any]:
+    """The sampling params of choice ``index``: a seeded request's seed offset by it (choices differ)."""
+    seed = sampling.get("sampling_seed")
+    return sampling if seed is None else {**sampling, "sampling_seed": (seed + index) % 2**63}
 
 
 def _cut_stop(text: str, stop: list[str]) -> str:

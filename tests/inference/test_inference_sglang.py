@@ -176,7 +176,7 @@ def test_every_sglang_field_at_null_is_accepted(server: ServerHandle) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("stop_regex", "\\d"), ("regex", "[0-9]+"), ("json_schema", "{}"), ("min_p", 0.1), ("repetition_penalty", 1.2),
-     ("logit_bias", {"5": 1.0}), ("sampling_seed", 3), ("ebnf", "root ::= 'a'"), ("lora_path", "adapter"),
+     ("logit_bias", {"5": 1.0}), ("sampling_seed", -1), ("ebnf", "root ::= 'a'"), ("lora_path", "adapter"),
      ("session_id", "s1"), ("return_hidden_states", True), ("image_data", "http://x/y.png"),
      ("token_ids_logprob", [5])],
 )  # fmt: skip
@@ -188,6 +188,25 @@ def test_an_unsupported_feature_is_a_400_naming_it(server: ServerHandle, field: 
         body[field] = value
     resp = post(server, body)
     assert resp.status_code == 400 and field in resp.json()["error"]["message"], resp.text
+
+
+def test_sampling_seed_draws_the_same_tokens_alone_or_batched(server: ServerHandle) -> None:
+    """A seeded request samples from a generator of its own: the same tokens when sent alone,
+    again, or in a batch beside unseeded prompts; other seeds draw otherwise; ``n`` samples of
+    one seeded request take seeds seed, seed + 1, ..."""
+    prompt = [7, 30, 51]
+
+    def sp(seed: int | None, n: int = 1) -> dict[str, Any]:
+        return {"max_new_tokens": 12, "temperature": 1.0, "ignore_eos": True, "sampling_seed": seed, "n": n}
+
+    alone = ok(server, {"input_ids": prompt, "sampling_params": sp(11)})["output_ids"]
+    assert ok(server, {"input_ids": prompt, "sampling_params": sp(11)})["output_ids"] == alone
+    batch = ok(server, {"input_ids": [[5, 6], prompt, [9]], "sampling_params": [sp(None), sp(11), sp(None)]})
+    assert batch[1]["output_ids"] == alone
+    others = [ok(server, {"input_ids": prompt, "sampling_params": sp(s)})["output_ids"] for s in (12, 13, 14)]
+    assert any(o != alone for o in others)
+    two = ok(server, {"input_ids": prompt, "sampling_params": sp(11, n=2)})
+    assert [r["output_ids"] for r in two] == [alone, others[0]]
 
 
 # --------------------------------------------------------------------- logprob fields, by token id

@@ -70,6 +70,11 @@ def test_serve_endpoint_with_the_official_client(server: ServerGroup) -> None:
             assert [c.index for c in several.choices] == [0, 1, 2]
             assert all(c.finish_reason in ("stop", "length") for c in several.choices)
             assert 3 <= several.usage.completion_tokens <= 24  # 3 choices of at most 8 tokens
+            seeded = [await client.chat.completions.create(model="policy", messages=USER, max_tokens=12, seed=s, n=n)
+                      for s, n in ((7, 1), (7, 1), (7, 3))]
+            assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content  # reproducible
+            assert seeded[2].choices[0].message.content == seeded[0].choices[0].message.content
+            assert len({c.message.content for c in seeded[2].choices}) > 1  # the n choices take seeds 7, 8, 9
             tools = await client.chat.completions.create(model="policy", messages=USER, max_tokens=4, tools=[ADD_TOOL])
             assert tools.usage.prompt_tokens > plain.usage.prompt_tokens  # the tool specs are in the prompt
             for kwargs, param in (({"temperature": 5}, "temperature"), ({"n": 0}, "n"),
