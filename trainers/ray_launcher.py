@@ -354,10 +354,12 @@ def run_on_ray(cfg: ExperimentConfig) -> int:
         model_path = str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     model_path = str(Path(model_path).resolve())
     t0 = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous: Any = None
     try:
         with RayRun(cfg, model_path) as job:
             job.connect()
+            # after ray.init, whose own SIGTERM handler aborts the driver before anything is saved
+            previous = signal.signal(signal.SIGTERM, _raise_interrupt)
             addresses = job.start_servers()
             job.start_ranks()
             job.write_placement()
@@ -366,4 +368,5 @@ def run_on_ray(cfg: ExperimentConfig) -> int:
             job.note(f"ray: run ended with code {code} after {time.monotonic() - t0:.0f}s")
             return code
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

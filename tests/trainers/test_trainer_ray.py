@@ -9,6 +9,9 @@ the two trainer ranks) and two short runs of the same command:
    mid-run: its server process goes with it, Ray restarts it on the same node and port, no
    episode is lost, every step trains (finite losses, versions advancing).
 
+3. a third run (its own output dir), with disk weight sync through ``ray.shared_dir``, gets
+   SIGTERM mid-run: the ranks save a checkpoint and the driver exits 130 ("interrupted").
+
 After each run no actor, placement group or launched process is left on the cluster.
 """
 
@@ -166,3 +169,22 @@ def test_run_on_two_ray_nodes(cluster: RayCluster, model: Path, tmp_path: Path) 
     assert last["rollout/submitted"] == accounted and last["rollout/failed"] == 0, last  # no episode lost
     _assert_nothing_left(cluster)
 
+    # 3. SIGTERM to the driver: the ranks checkpoint and stop, everything is torn down.
+    term_dir = tmp_path / "runs-term" / "ray" / "trial"
+    log_c = tmp_path / "run-c.log"
+    shared = tmp_path / "shared"
+    cmd = [a.replace("trainer.weight_sync=gloo", "trainer.weight_sync=disk")
+           for a in _command(cluster, model, tmp_path / "runs-term")] + [f"ray.shared_dir={shared}"]
+    proc = _start(cmd, log_c)
+    try:
+        _wait_metric(proc, term_dir / "metrics.jsonl", '"version": 2', log_c)
+        assert any((shared / "ray" / "trial" / "weights").glob("v*")), log_c.read_text()[-2000:]  # synced via disk
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log_c.read_text()
+    assert rc == 130 and "interrupted" in out, out[-3000:]
+    assert find_latest(term_dir / "checkpoints") is not None, out[-2000:]
+    _assert_nothing_left(cluster)
