@@ -54,6 +54,19 @@ COMMANDS: dict[str, dict[str, str]] = {
             "not run: a template (<module>); torchrun ranks: tests/e2e/test_e2e_run.py",
         "python -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
         "--rdzv-endpoint=node0:29500 -m <module> ...": "not run: a template for two nodes",
+        'ray start --head --port=6379 --resources={"node_a": 1}':
+            "tests/trainers/test_trainer_ray.py::test_run_on_two_ray_nodes",
+        'ray start --address=HEAD:6379 --resources={"node_b": 1}':
+            "tests/trainers/test_trainer_ray.py::test_run_on_two_ray_nodes",
+        "areal-agents run --env math launcher=ray ray.address=HEAD:6379 ray.server_resource=node_a "
+        "ray.trainer_resource=node_b inference.num_servers=2 trainer.nproc=2 trainer.weight_sync=gloo "
+        "actor.path=/shared/model output_dir=/shared/runs": "tests/trainers/test_trainer_ray.py::test_run_on_two_ray_nodes",
+        "HEAD=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)": "not run: Slurm (not on this machine)",
+        "srun areal-agents run --config my.yaml inference.backend=remote "
+        "inference.addresses=[sglang-0:30000,sglang-1:30000] trainer.device=cuda trainer.nproc=8 trainer.nnodes=2 "
+        "trainer.rdzv_endpoint=$HEAD:29500 trainer.weight_sync=disk output_dir=/shared/runs actor.path=/shared/model":
+            "not run: Slurm on GPUs; its shape on two local torchrun nodes: "
+            "tests/trainers/test_trainer_multinode.py::test_two_torchrun_nodes_train_one_run",
     },
     "docs/quickstart.md": {
         "pip install torch==2.13.0 -e .[dev]": f"not run: {_INSTALL}",
