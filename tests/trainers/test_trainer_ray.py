@@ -188,3 +188,19 @@ def test_run_on_two_ray_nodes(cluster: RayCluster, model: Path, tmp_path: Path) 
     assert rc == 130 and "interrupted" in out, out[-3000:]
     assert find_latest(term_dir / "checkpoints") is not None, out[-2000:]
     _assert_nothing_left(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_request_the_cluster_cannot_place_is_one_line(cluster: RayCluster, model: Path, tmp_path: Path) -> None:
+    """Servers asked on a node label no node has, or more CPUs than the cluster has: the run
+    fails at once with one line naming the resource, and leaves nothing on the cluster."""
+    base = _command(cluster, model, tmp_path / "runs")
+    for change, needle in (("ray.server_resource=node_z", "need node_z="), ("trainer.nproc=9", "need CPU=9")):
+        key = change.split("=")[0]
+        cmd = [a for a in base if not a.startswith(key + "=")] + [change]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode != 0 and len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+        _assert_nothing_left(cluster)
