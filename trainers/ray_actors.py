@@ -27,7 +27,7 @@ from typing import Any
 from areal_agents.inference.launcher import ServerGroup, free_port, launch_servers
 from areal_agents.lifeline import PARENT_PID_ENV
 
-__all__ = ["RankActor", "ServerActor", "node_info", "visible"]
+__all__ = ["RankActor", "ServerActor", "missing_paths", "node_info"]
 
 
 def node_info() -> dict[str, Any]:
@@ -38,7 +38,7 @@ def node_info() -> dict[str, Any]:
             "pid": os.getpid()}
 
 
-def visible(paths: list[str]) -> list[str]:
+def missing_paths(paths: list[str]) -> list[str]:
     """Those of ``paths`` that do not exist on this node."""
     return [p for p in paths if not os.path.exists(p)]
 
@@ -94,8 +94,8 @@ class ServerActor:
         """``{ip, node_id, pid, address, server_pid}``."""
         return dict(self.info)
 
-    def visible(self, paths: list[str]) -> list[str]:
-        return visible(paths)
+    def missing_paths(self, paths: list[str]) -> list[str]:
+        return missing_paths(paths)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and wait for it."""
@@ -116,8 +116,8 @@ class RankActor:
         """A free port on this node (rank 0's: the process group's rendezvous)."""
         return free_port(node_info()["ip"])
 
-    def visible(self, paths: list[str]) -> list[str]:
-        return visible(paths)
+    def missing_paths(self, paths: list[str]) -> list[str]:
+        return missing_paths(paths)
 
     def run(self, config_yaml: str, env: dict[str, str], cwd: str) -> int:
         """``areal-agents run --config <config_yaml>`` as one rank; returns its exit code."""

@@ -224,7 +224,7 @@ class RayRun:
                                                                            strict=True)]
             paths = [self.model_path] + ([str(probe)] if self.cfg.trainer.weight_sync == "disk" else [])
             for actor, info, who in checks:
-                missing = self.ray.get(actor.visible.remote(paths), timeout=60)
+                missing = self.ray.get(actor.missing_paths.remote(paths), timeout=60)
                 if self.model_path in missing:
                     raise RayLaunchError(f"actor.path: {self.model_path} is not on node {info['ip']} ({who}); "
                                          "every node needs the model at the same path")
