@@ -336,7 +336,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
             return {"acc": exact_match_accuracy(model, test_examples, pad)}
     elif test_rows:
         def eval_fn(model: Any) -> dict[str, float]:
-            return {"acc": greedy_accuracy(model, tokenizer, env, test_rows, test_prompts)}
+            return {"acc": greedy_accuracy(model, tokenizer, env, test_rows, test_prompts,
+                                           max_new_tokens=cfg.sampling.max_new_tokens)}
     report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
                        seed=cfg.seed, stop_at=stop_at)
     summary = {"steps": len(report["loss"]), "target": stop_at, "reached": report["stopped_early"],
