@@ -190,7 +190,7 @@ class ChatSession:
         request_id = new_id("chatcmpl-")
         choices: list[dict[str, Any]] = []
         prompt_tokens = completion_tokens = 0
-        names = {t["function"]["name"] for t in req.tools or []}
+        names = {t["function"]["name"] for t in req.tools} if req.parse_tools and req.tools else set()
         for i, (fork, text) in enumerate(zip(forks, texts, strict=True)):
             gen = fork.last_generation
             assert gen is not None
