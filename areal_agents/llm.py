@@ -18,13 +18,35 @@ from typing import Any, Protocol
 
 from areal_agents.types import Trajectory
 
-__all__ = ["Generation", "LLM", "Tokenizer"]
+__all__ = ["Generation", "LLM", "Tokenizer", "memo", "tokenizer_cache"]
 
 # What a tokenizer has rendered and encoded, shared by the episodes that use it: the 8
 # episodes of a group render and encode the same prompt, and every turn ends with the same
 # template text. Keys: ``("text", text)`` -> token ids; ``("render", json)`` -> template text.
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
 _CACHE_MAX = 8192
+
+
+def tokenizer_cache(tokenizer: Any) -> dict[tuple[str, str], Any] | None:
+    """The cache shared by the users of ``tokenizer`` (see :func:`memo`); None for a tokenizer
+    that cannot be weakly referenced or hashed."""
+    try:
+        return _CACHE.setdefault(tokenizer, {})
+    except TypeError:
+        return None
+
+
+def memo(cache: dict[tuple[str, str], Any] | None, key: tuple[str, str], compute: Callable[[], Any]) -> Any:
+    """``cache[key]``, computed (and stored, unless ``cache`` is None) when missing; a full
+    cache (``_CACHE_MAX`` keys) is emptied first. ``compute`` must not return None."""
+    value = cache.get(key) if cache is not None else None
+    if value is None:
+        value = compute()
+        if cache is not None:
+            if len(cache) >= _CACHE_MAX:
+                cache.clear()
+            cache[key] = value
+    return value
 
 
 class Tokenizer(Protocol):
@@ -80,10 +102,7 @@ class LLM(ABC):
         self.tokenizer = tokenizer
         self.default_sampling: dict[str, Any] = dict(default_sampling or {})
         self._turn_end: str | None = None
-        try:
-            self._cache: dict[tuple[str, str], Any] | None = _CACHE.setdefault(tokenizer, {})
-        except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no cache
-            self._cache = None
+        self._cache = tokenizer_cache(tokenizer)
         self.reset()
 
     def reset(self) -> None:
@@ -148,22 +167,11 @@ class LLM(ABC):
         self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * n)
         self._versions.extend([int(v) for v in versions] if versions is not None else [-1] * n)
 
-    def _cached(self, key: tuple[str, str], compute: Callable[[], Any]) -> Any:
-        cache = self._cache
-        value = cache.get(key) if cache is not None else None
-        if value is None:
-            value = compute()
-            if cache is not None:
-                if len(cache) >= _CACHE_MAX:
-                    cache.clear()
-                cache[key] = value
-        return value
-
     def _encode(self, text: str) -> list[int]:
         if not text:
             return []
-        ids = self._cached(
-            ("text", text), lambda: tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))
+        ids = memo(
+            self._cache, ("text", text), lambda: tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))
         )
         return list(ids)
 
@@ -184,7 +192,7 @@ class LLM(ABC):
             key = json.dumps([messages, self._tools, generation_prompt], sort_keys=True)
         except (TypeError, ValueError):  # messages the cache cannot key (not JSON): render each time
             return render()
-        return str(self._cached(("render", key), render))
+        return str(memo(self._cache, ("render", key), render))
 
     def _sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
         merged = {**self.default_sampling, **overrides}

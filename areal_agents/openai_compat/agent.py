@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from areal_agents.agent import Agent, checked_step, jsonable
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.http import Endpoint
-from areal_agents.openai_compat.session import ChatSession, GenerateFn
+from areal_agents.openai_compat.ids import new_key
+from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.types import Trajectory, check_turn_discount
 
@@ -41,17 +42,44 @@ def is_openai_agent(obj: Any) -> bool:
     return inspect.iscoroutinefunction(obj)
 
 
-def _generate_fn(llm: LLM) -> GenerateFn:
+class _EpisodeGenerate:
     """Token-level generation of the episode's ``llm``: its inference client (with the episode's
-    ``rid``, so every call goes to the same server) or, for other backends, the llm's own."""
-    client, rid = getattr(llm, "client", None), getattr(llm, "rid", None)
+    ``rid``, so every call goes to the same server) or, for other backends, the llm's own.
 
-    async def generate(ids: list[int], sampling: dict[str, Any], top: int) -> Generation:
-        if client is not None and hasattr(client, "generate"):
-            return await client.generate(ids, sampling, rid=rid, top_logprobs=top)  # type: ignore[no-any-return]
-        return await llm._generate(ids, sampling)
+    A plain object that returns the client's coroutine (no closure, no coroutine of its own):
+    what an episode keeps alive while it waits for the server is kept small."""
 
-    return generate
+    __slots__ = ("client", "llm", "rid")
+
+    def __init__(self, llm: LLM) -> None:
+        client = getattr(llm, "client", None)
+        self.client = client if client is not None and hasattr(client, "generate") else None
+        self.llm, self.rid = llm, getattr(llm, "rid", None)
+
+    def __call__(self, ids: list[int], sampling: dict[str, Any], top: int) -> Awaitable[Generation]:
+        if self.client is not None:
+            return self.client.generate(ids, sampling, rid=self.rid, top_logprobs=top)  # type: ignore[no-any-return]
+        return self.llm._generate(ids, sampling)
+
+
+class _LazyEndpoint:
+    """The episode's loopback endpoint, started by the agent's first ``http_endpoint()`` call."""
+
+    __slots__ = ("endpoint", "key", "session")
+
+    def __init__(self, session: ChatSession, key: str) -> None:
+        self.session, self.key = session, key
+        self.endpoint: Endpoint | None = None
+
+    async def __call__(self) -> str:
+        if self.endpoint is None:
+            self.endpoint = Endpoint()
+            self.endpoint.add(self.session, self.key)
+        return f"{await self.endpoint.start()}/{self.key}/v1"
+
+    async def close(self) -> None:
+        if self.endpoint is not None:
+            await self.endpoint.close()
 
 
 class OpenAIAgent(Agent):
@@ -74,14 +102,10 @@ class OpenAIAgent(Agent):
             await env.areset(seed=seed, options=row)
         except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
             return Trajectory(status="env_error", info={"error": f"reset: {type(exc).__name__}: {exc}"})
-        session = ChatSession(llm.tokenizer, _generate_fn(llm), self.sampling or llm.default_sampling)
-        endpoint = Endpoint()
-        key = endpoint.add(session)
-
-        async def http_endpoint() -> str:
-            return f"{await endpoint.start()}/{key}/v1"
-
-        client = EpisodeClient(session, api_key=key, endpoint=http_endpoint)
+        session = ChatSession(llm.tokenizer, _EpisodeGenerate(llm), self.sampling or llm.default_sampling)
+        key = new_key()
+        endpoint = _LazyEndpoint(session, key)
+        client = EpisodeClient(session, api_key=key, endpoint=endpoint)
         try:
             result = await self.fn(client, dict(row or {}))
         finally:

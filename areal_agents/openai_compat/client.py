@@ -11,6 +11,7 @@ base URL, for agents that run in another process (pass it with ``client.api_key`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,8 @@ from areal_agents.openai_compat.session import ChatSession, completion_chunks
 
 __all__ = ["EpisodeClient", "Reply"]
 
-_SDK_ONLY = {"extra_headers", "extra_query", "timeout"}  # options of the official client's transport
+# keywords that are not fields of the request body: the official client's transport options, extra_body
+_DROP = {"extra_headers", "extra_query", "timeout", "extra_body"}
 
 
 class Reply(dict[str, Any]):
@@ -43,12 +45,19 @@ def _wrap(value: Any) -> Any:
     return value
 
 
-def _typed(obj: dict[str, Any], kind: str) -> Any:
+@functools.cache
+def _sdk_types() -> dict[str, Any] | None:
+    """The official reply types by kind (None without the ``openai`` package), imported once."""
     try:
         from openai.types.chat import ChatCompletion, ChatCompletionChunk
     except ImportError:
-        return Reply(obj)
-    return (ChatCompletion if kind == "completion" else ChatCompletionChunk).model_validate(obj)
+        return None
+    return {"completion": ChatCompletion, "chunk": ChatCompletionChunk}
+
+
+def _typed(obj: dict[str, Any], kind: str) -> Any:
+    types = _sdk_types()
+    return Reply(obj) if types is None else types[kind].model_validate(obj)
 
 
 def _sdk_error(err: APIError) -> Exception:
@@ -77,7 +86,8 @@ class _Completions:
 
     async def create(self, **kwargs: Any) -> Any:
         """``chat.completions.create`` with the official client's keyword arguments."""
-        body = {k: v for k, v in kwargs.items() if k not in _SDK_ONLY and k != "extra_body" and _given(v)}
+        body = kwargs if kwargs.keys().isdisjoint(_DROP) and all(map(_given, kwargs.values())) else \
+            {k: v for k, v in kwargs.items() if k not in _DROP and _given(v)}
         extra = kwargs.get("extra_body")
         if isinstance(extra, dict):
             body.update(extra)

@@ -11,7 +11,6 @@ unrecorded session. Errors are OpenAI's ``{"error": {...}}`` with a 4xx status f
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from aiohttp import web
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.protocol import InferenceError
 from areal_agents.llm import Generation, Tokenizer
+from areal_agents.openai_compat.ids import new_key
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
 
@@ -139,9 +139,9 @@ class Endpoint:
             self.url = f"http://{self.host}:{runner.addresses[0][1]}"
         return self.url
 
-    def add(self, session: ChatSession) -> str:
-        """Register ``session``; returns its key."""
-        key = secrets.token_hex(16)
+    def add(self, session: ChatSession, key: str | None = None) -> str:
+        """Register ``session`` under ``key`` (default: a new one); returns the key."""
+        key = new_key() if key is None else key
         self.sessions[key] = session
         return key
 

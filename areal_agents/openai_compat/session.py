@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from areal_agents.llm import LLM, Generation, Tokenizer
+from areal_agents.llm import LLM, Generation, Tokenizer, memo, tokenizer_cache
+from areal_agents.openai_compat.ids import new_id
 from areal_agents.openai_compat.schema import APIError, ChatRequest, sampling_params
 from areal_agents.openai_compat.tools import parse_tool_calls
 from areal_agents.reference import assistant_text
@@ -31,6 +31,7 @@ GenerateFn = Callable[[list[int], dict[str, Any], int], Awaitable[Generation]]
 """``await generate(input_ids, sampling_params, top_logprobs) -> Generation``."""
 
 _MAX_TIPS = 256
+_PROBE = '{"zq7probe": 1}'  # arguments no template writes by itself
 
 
 @dataclass
@@ -116,14 +117,22 @@ class ChatSession:
                 best = tip
         return best
 
-    def _base(self, req: ChatRequest) -> tuple[LLM, list[dict[str, Any]]]:
-        """The conversation to answer ``req`` on, and the messages to give its ``chat``."""
+    def _conversations(self, req: ChatRequest) -> tuple[list[LLM], list[dict[str, Any]]]:
+        """The conversations the ``n`` choices of ``req`` are generated on, and the messages their
+        ``chat`` gets: copies of the tip ``req`` extends (the tip's own records of the earlier
+        turns, its assistant text with markup, then the new messages), or fresh ones."""
         tip = self._find_tip(req)
+        forks: list[LLM]
         if tip is None:
-            return _ChainLLM(self.tokenizer, self.generate), req.messages
-        # the tip's own records of the earlier turns (its assistant text, markup included) + the new messages
-        own = tip.llm.messages
-        return tip.llm, own + req.messages[len(tip.messages):]
+            base: LLM = _ChainLLM(self.tokenizer, self.generate)
+            forks, messages = [base] if req.n == 1 else [base.fork() for _ in range(req.n)], req.messages
+        else:
+            forks = [tip.llm.fork() for _ in range(req.n)]
+            messages = tip.llm.messages + req.messages[len(tip.messages):]
+        for fork in forks:
+            if isinstance(fork, _ChainLLM):
+                fork.top_logprobs = req.top_logprobs
+        return forks, messages
 
     def _forced_prefix(self, req: ChatRequest) -> str:
         """The opening ``tool_choice`` forces on a reply, as this chat template writes a call:
@@ -137,19 +146,28 @@ class ChatSession:
         name = choice["function"].get("name") if isinstance(choice, dict) else req.tools[0]["function"]["name"]
         if name not in {t["function"]["name"] for t in req.tools}:
             raise APIError(f"tool_choice: function {name!r} is not one of the tools", param="tool_choice")
-        probe = '{"zq7probe": 1}'
-        call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": probe}}
+        tools = req.tools
+
+        def render() -> str:  # the template's text of a call to ``name``, arguments _PROBE ("" if none)
+            call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": _PROBE}}
+            try:
+                return assistant_text(self.tokenizer, [{"role": "user", "content": "x"}],
+                                      {"role": "assistant", "content": "", "tool_calls": [call]}, tools)
+            except ValueError:
+                return ""
+
         try:
-            text = assistant_text(self.tokenizer, [{"role": "user", "content": "x"}],
-                                  {"role": "assistant", "content": "", "tool_calls": [call]}, req.tools)
-        except ValueError:
-            text = ""
-        if "<tool_call>" not in text or probe not in text:
+            key = json.dumps([tools, name], sort_keys=True)
+        except (TypeError, ValueError):  # tools the cache cannot key: render each time
+            text = render()
+        else:
+            text = memo(tokenizer_cache(self.tokenizer), ("forced_call", key), render)
+        if "<tool_call>" not in text or _PROBE not in text:
             raise APIError("tool_choice: this model's chat template has no <tool_call> format to force a call with",
                            param="tool_choice")
         if choice == "required":
             return text[: text.index("<tool_call>") + len("<tool_call>")]
-        return text[: text.index(probe)]
+        return text[: text.index(_PROBE)]
 
     async def create(self, req: ChatRequest) -> dict[str, Any]:
         """Answer ``req``: a ``chat.completion`` object (as a dict); records each choice.
@@ -157,28 +175,22 @@ class ChatSession:
         ``tool_choice`` ``required`` or a named function starts every reply with the opening of a
         call (context, not sampled: see :meth:`_forced_prefix`), so the model writes a call."""
         prefix = self._forced_prefix(req)
-        base, messages = self._base(req)
+        forks, messages = self._conversations(req)
         sampling = sampling_params(req, self.defaults)
-        forks = [base.fork() for _ in range(req.n)]
-        for fork in forks:
-            if isinstance(fork, _ChainLLM):
-                fork.top_logprobs = req.top_logprobs
         try:
             if len(forks) == 1:
                 texts = [await forks[0].chat(messages, tools=req.tools, prefix=prefix, **sampling)]
             else:
-                texts = list(await asyncio.gather(
-                    *(f.chat(messages, tools=req.tools, prefix=prefix, **_choice_seed(sampling, i))
-                      for i, f in enumerate(forks))))
+                texts = await _sample_each(forks, messages, req.tools, prefix, sampling)
         except Exception as exc:
             if isinstance(exc, ValueError) or type(exc).__module__.startswith("jinja2"):
                 # the chat template cannot render these messages (e.g. roles it does not know)
                 raise APIError(f"messages: the chat template cannot render them: {exc}", param="messages") from None
             raise
-        request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        request_id = new_id("chatcmpl-")
         choices: list[dict[str, Any]] = []
         prompt_tokens = completion_tokens = 0
-        names = {t["function"]["name"] for t in req.tools or []}
+        names = {t["function"]["name"] for t in req.tools} if req.parse_tools and req.tools else set()
         for i, (fork, text) in enumerate(zip(forks, texts, strict=True)):
             gen = fork.last_generation
             assert gen is not None
@@ -221,6 +233,15 @@ class ChatSession:
             entry["top_logprobs"] = [self._token(int(row[1]), row[0]) for row in top or [] if row[0] is not None]
             content.append(entry)
         return {"content": content, "refusal": None}
+
+
+async def _sample_each(forks: list[LLM], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       prefix: str, sampling: dict[str, Any]) -> list[str]:
+    """The replies of the ``n`` conversations ``forks``, generated concurrently (choice ``i`` with
+    its own seed). A function of its own: the closure it needs would otherwise hold every request's
+    locals in cells for as long as the request runs."""
+    return list(await asyncio.gather(*(f.chat(messages, tools=tools, prefix=prefix, **_choice_seed(sampling, i))
+                                       for i, f in enumerate(forks))))
 
 
 def _choice_seed(sampling: dict[str, Any], index: int) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from typing import Any
+
+from areal_agents.openai_compat.ids import new_id
 
 __all__ = ["parse_tool_calls"]
 
@@ -31,7 +32,7 @@ def _call(blob: str) -> dict[str, Any] | None:
             return None
     if not isinstance(args, dict):
         return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": new_id("call_"), "type": "function",
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
 
 

@@ -33,8 +33,12 @@ class _Build:
     def add(self, ids: list[int], *, generated: bool, logprobs: Sequence[float] = (), versions: Sequence[int] = ()) -> None:
         self.ids += ids
         self.mask += [int(generated)] * len(ids)
-        self.logprobs += [float(x) for x in logprobs] if generated else [0.0] * len(ids)
-        self.versions += [int(v) for v in versions] if generated else [-1] * len(ids)
+        self.logprobs += map(float, logprobs) if generated else [0.0] * len(ids)
+        self.versions += map(int, versions) if generated else [-1] * len(ids)
+
+
+def _index(rec: CallRecord) -> int:
+    return rec.index
 
 
 def _extends(prompt: list[int], build: _Build) -> bool:
@@ -49,7 +53,8 @@ def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float)
     ``calls`` (the record indices it holds).
     """
     builds: list[_Build] = []
-    for rec in sorted(records, key=lambda r: r.index):
+    ordered = sorted(records, key=_index)
+    for rec in ordered:
         prompt = list(rec.prompt_ids)
         target = max((b for b in builds if _extends(prompt, b)), key=lambda b: len(b.ids), default=None)
         if target is None:
@@ -62,11 +67,10 @@ def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float)
         target.calls.append(rec)
     if not builds:
         return []
-    last = max(r.index for r in records)
-    order = {r.index: i for i, r in enumerate(sorted(records, key=lambda r: r.index))}
+    order = {r.index: i for i, r in enumerate(ordered)}
     out = []
     for b in sorted(builds, key=lambda b: b.calls[-1].index):
-        back = order[last] - order[b.calls[-1].index]
+        back = len(ordered) - 1 - order[b.calls[-1].index]
         traj = Trajectory(input_ids=b.ids, loss_mask=b.mask, logprobs=b.logprobs, versions=b.versions,
                           turn_spans=b.spans, finish_reason=b.calls[-1].finish_reason,
                           info={"calls": [r.index for r in b.calls]})

@@ -246,3 +246,61 @@ def test_tool_choice_required_or_named_forces_a_call_as_context(tokenizer: Any) 
         assert tokenizer.decode(rec.prompt_ids).endswith("<|im_start|>assistant\n" + text)
         assert not tokenizer.decode(rec.completion_ids).startswith("<tool_call>")  # sampled: only the rest
     assert len(session.records) == 2  # the refused requests generated nothing
+
+
+def test_ids_and_keys_need_no_system_call_and_differ_in_a_forked_child(tokenizer: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completion and tool-call ids and episode keys come from a per-process prefix and a counter
+    (fault injection: reading the OS's random source raises), are unique, and a forked child draws
+    a prefix of its own."""
+    import os
+    import re
+    import warnings
+
+    from areal_agents.openai_compat.ids import new_id, new_key
+
+    def no_urandom(n: int) -> bytes:
+        raise AssertionError("os.urandom read on the request path")
+
+    child_read, child_write = os.pipe()
+    with warnings.catch_warnings():  # Python >= 3.12 warns on fork() with threads; the child only writes an id
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child reports one id and exits at once
+        os.write(child_write, new_id("x-").encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child_id = os.read(child_read, 64).decode()
+    monkeypatch.setattr(os, "urandom", no_urandom)
+    ids = [new_id("chatcmpl-") for _ in range(2000)]
+    keys = [new_key() for _ in range(2000)]
+    assert len(set(ids)) == 2000 and all(re.fullmatch(r"chatcmpl-[0-9a-f]{24}", i) for i in ids)
+    assert len(set(keys)) == 2000 and all(re.fullmatch(r"[0-9a-f]{32}", k) for k in keys)
+    assert child_id[2:14] != new_id()[:12]  # the child's process prefix is not the parent's
+    session, _ = scripted(tokenizer, ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'])
+    reply = asyncio.run(session.create(parse_request({"model": "m", "messages": USER, "tools": [ADD_TOOL]})))
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", reply["id"])
+    assert re.fullmatch(r"call_[0-9a-f]{24}", reply["choices"][0]["message"]["tool_calls"][0]["id"])
+
+
+def test_forced_call_prefix_is_rendered_once_per_tokenizer_and_tools(tokenizer: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The opening a forced ``tool_choice`` puts on the reply is rendered from the chat template
+    once: the same request again needs no rendering at all (fault injection: the template raises)."""
+    replies = ['{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'] * 2
+    session, _ = scripted(tokenizer, replies)
+    body = {"model": "m", "messages": USER, "tools": [ADD_TOOL], "tool_choice": "required"}
+    first = asyncio.run(session.create(parse_request(body)))
+
+    def no_render(*args: Any, **kwargs: Any) -> str:
+        raise ValueError("the chat template was rendered again")
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", no_render)
+    again, _ = scripted(tokenizer, replies)
+    second = asyncio.run(again.create(parse_request(body)))
+    assert first["choices"][0]["message"]["tool_calls"][0]["function"] == \
+        second["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert again.records[0].prompt_ids == session.records[0].prompt_ids
+    other = {**ADD_TOOL, "function": {**ADD_TOOL["function"], "name": "plus"}}  # other tools: rendered afresh
+    with pytest.raises(APIError, match="no <tool_call> format"):
+        asyncio.run(again.create(parse_request({**body, "tools": [other]})))
