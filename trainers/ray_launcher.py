@@ -20,6 +20,7 @@ actor and removes the placement groups.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -311,15 +312,11 @@ class RayRun:
         if self.servers:
             ray.wait([s.stop.remote() for s in self.servers], num_returns=len(self.servers), timeout=20)
         for actor in [*self.servers, *self.ranks]:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
         for pg in self.pgs:
-            try:
+            with contextlib.suppress(Exception):  # already removed
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001 - already removed
-                pass
         self.servers, self.ranks, self.pgs = [], [], []
         ray.shutdown()
 
