@@ -152,17 +152,12 @@ def _serve(conn: Connection) -> None:
 
 def _die_with(parent: int) -> None:
     """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
-    if sys.platform == "linux":
-        try:
-            import ctypes
+    from areal_agents.lifeline import die_with_parent, watch_parent
 
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+    if sys.platform == "linux":
+        die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent ended before the signal was armed
         os._exit(1)
-    from areal_agents.lifeline import watch_parent
-
     watch_parent(parent, signal=signal.SIGKILL)
 
 

@@ -234,17 +234,13 @@ class LLM(ABC):
         return self._turn_end
 
     def _delta_text(self, new: list[dict[str, Any]]) -> str:
-        """Rendered text of ``new`` messages appended to the recorded conversation."""
-        old = self._render(self._messages, False)
-        full = self._render(self._messages + new, True)
-        if full.startswith(old):
-            return full[len(old):]
-        # Templates that rewrite earlier turns: render the new messages after a neutral stub.
+        """Rendered text of ``new`` messages appended to the recorded conversation (or, for
+        templates that rewrite earlier turns, appended after a neutral stub)."""
         stub = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
-        old = self._render(stub, False)
-        full = self._render(stub + new, True)
-        if full.startswith(old):
-            return full[len(old):]
+        for before in (self._messages, stub):
+            old, full = self._render(before, False), self._render(before + new, True)
+            if full.startswith(old):
+                return full[len(old):]
         raise ValueError(
             "llm.chat: the tokenizer's chat template is not append-only (rendering more messages changes "
             "the text of earlier ones), so new turns cannot be appended as tokens"

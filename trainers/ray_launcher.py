@@ -289,11 +289,9 @@ class RayRun:
         """Ctrl-C / SIGTERM: each rank saves a checkpoint at its step boundary and leaves."""
         self.note("ray: interrupted; the trainer ranks save a checkpoint and stop")
         ray = self.ray
-        try:
+        with contextlib.suppress(ray.exceptions.RayError, KeyboardInterrupt):
             ray.get([a.terminate.remote() for a in self.ranks], timeout=10)
             ray.wait(pending, num_returns=len(pending), timeout=timeout)
-        except (ray.exceptions.RayError, KeyboardInterrupt):
-            pass
 
     def write_placement(self) -> Path:
         path = self.run_dir / "ray_placement.json"

@@ -137,12 +137,10 @@ class DiskWeightSync(WeightSync):
         lora = _lora(engine)
         if engine.rank == 0 and self.addresses:
             control = _control()
-            if lora is None:
-                self._paused(version, lambda up: self._on_each(
-                    up, lambda a: control.update_weights_from_disk(a, str(path), version)))
-            else:
-                self._paused(version, lambda up: self._on_each(
-                    up, lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
+            update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
+                                            if lora is None else
+                                            (lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
+            self._paused(version, lambda up: self._on_each(up, update))
         if engine.rank == 0:
             self.prune()
         tdist.barrier()
