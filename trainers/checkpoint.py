@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from areal_agents.failures import message_line
 from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
@@ -76,8 +77,7 @@ def find_latest(root: str | os.PathLike[str]) -> Path | None:
 
 def _save_error(exc: BaseException, where: Path) -> Exception:
     """An ``OSError`` (errno kept, e.g. ENOSPC) or ``RuntimeError`` for a failed DCP save."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    last = lines[-1] if lines else type(exc).__name__
+    last = message_line(exc, last=True)
     code = re.search(r"\[Errno (\d+)\]", last)
     if code:
         return OSError(int(code.group(1)), f"cannot write checkpoint {where}: {last}")

@@ -33,6 +33,7 @@ from typing import Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
+from areal_agents.failures import message_line
 from areal_agents.inference.launcher import LaunchError
 from trainers.ray_actors import RankActor, ServerActor
 
@@ -172,7 +173,7 @@ class RayRun:
         try:
             infos = ray.get([s.describe.remote() for s in self.servers], timeout=cfg.inference.setup_timeout + 60)
         except ray.exceptions.RayActorError as exc:
-            raise RayLaunchError(f"ray: an inference server did not start: {_gist(exc)}") from None
+            raise RayLaunchError(f"ray: an inference server did not start: {message_line(exc, last=True)}") from None
         except ray.exceptions.GetTimeoutError:
             raise RayLaunchError(f"ray: inference servers not up within inference.setup_timeout="
                                  f"{cfg.inference.setup_timeout:g}s (+60 s to start their actors)") from None
@@ -271,7 +272,7 @@ class RayRun:
                     try:
                         code = ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
-                        return self._failed(r, f"died ({_gist(exc)})")
+                        return self._failed(r, f"died ({message_line(exc, last=True)})")
                     if code != 0:
                         return self._failed(r, f"exited with code {code}")
         except KeyboardInterrupt:
@@ -323,12 +324,6 @@ class RayRun:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _gist(exc: BaseException) -> str:
-    """The last non-empty line of a Ray error (its cause; the lines above are Ray's context)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(exc).__name__
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
