@@ -214,13 +214,9 @@ def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     name = "grpo" if given is None else str(given)
     from areal_agents.registry import RegistryError, algorithms
 
-
-    if name not in algorithms:
-        known = ", ".join(algorithms.names())
-        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; registered: {known}")
     try:
         spec = algorithms.get(name)
-    except RegistryError as exc:
+    except RegistryError as exc:  # unknown ("unknown algorithm 'x'; registered: ..."), or it cannot be loaded
         raise ConfigError("algorithm.name", str(exc)) from None
     return name, dict(getattr(spec, "defaults", {}) or {})
 
