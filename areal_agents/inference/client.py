@@ -143,10 +143,6 @@ class InferenceClient:
                 self._sticky.popitem(last=False)
         return idx
 
-    def _mark_dead(self, idx: int) -> None:
-        self.dead_until[idx] = time.monotonic() + self.reprobe_after
-        self.stats["failovers"] += 1
-
     # ------------------------------------------------------------------ requests
     async def _post_once(self, idx: int, payload: dict[str, Any]) -> Any:
         url = self.urls[idx] + "/generate"
@@ -180,7 +176,8 @@ class InferenceClient:
                     return await self._post_once(idx, payload), self.urls[idx]
                 except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retryable) as exc:
                     err = exc
-                    self._mark_dead(idx)
+                    self.dead_until[idx] = time.monotonic() + self.reprobe_after  # out of the rotation
+                    self.stats["failovers"] += 1
                 finally:
                     self.inflight[idx] -= 1
             attempt += 1
