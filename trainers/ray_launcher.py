@@ -83,7 +83,7 @@ def trainer_bundle(cfg: ExperimentConfig) -> dict[str, float]:
     return bundle
 
 
-class RayRun:
+class RayRun(contextlib.AbstractContextManager["RayRun"]):
     """One run's actors and placement groups on a Ray cluster; a context manager that tears them down."""
 
     def __init__(self, cfg: ExperimentConfig, model_path: str, *, out: Any = None) -> None:
@@ -318,9 +318,6 @@ class RayRun:
                 remove_placement_group(pg)
         self.servers, self.ranks, self.pgs = [], [], []
         ray.shutdown()
-
-    def __enter__(self) -> RayRun:
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()

@@ -124,7 +124,7 @@ def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0
 
 
 @dataclass(eq=False)
-class ServerHandle:
+class ServerHandle(contextlib.AbstractContextManager["ServerHandle"]):
     """One server subprocess; ``address`` is ``host:port``."""
 
     address: str
@@ -168,14 +168,11 @@ class ServerHandle:
                 pass
             break
 
-    def __enter__(self) -> ServerHandle:
-        return self
-
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-class ServerGroup(list[ServerHandle]):
+class ServerGroup(list[ServerHandle], contextlib.AbstractContextManager["ServerGroup"]):
     """The servers of one launch; a context manager that closes them all."""
 
     @property
@@ -185,9 +182,6 @@ class ServerGroup(list[ServerHandle]):
     def close(self) -> None:
         for handle in self:
             handle.close()
-
-    def __enter__(self) -> ServerGroup:
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
