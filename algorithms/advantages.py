@@ -114,9 +114,7 @@ def rloo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor
     scores, values, unit_seq = unit_scores(shaped, mask, cfg)
     seq_group, num_groups = group_index(require(batch, "group_ids", "group-baseline estimators"))
     g_sums, g_counts, _ = _group_stats(values, seq_group[unit_seq], num_groups)
-    bsz = mask.shape[0]
-    e_sums = torch.zeros(bsz, dtype=values.dtype, device=values.device).index_add_(0, unit_seq, values)
-    e_counts = torch.zeros_like(e_sums).index_add_(0, unit_seq, torch.ones_like(values))
+    e_sums, e_counts, _ = _group_stats(values, unit_seq, mask.shape[0])  # each episode's own units
     others = g_counts[seq_group] - e_counts
     baseline = (g_sums[seq_group] - e_sums) / others.clamp(min=1)
     adv = scores - baseline[:, None]

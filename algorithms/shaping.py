@@ -102,15 +102,13 @@ def rebn(shaped: ShapedRewards, mask: Tensor, eps: float) -> ShapedRewards:
     of the batch, each turn counted once, and applied to all of its tokens. ``kl`` is kept.
     """
     ep = shaped.episode
-    ep_std = (ep - ep.mean()).pow(2).mean().sqrt()
-    episode = (ep - ep.mean()) / safe_denominator(ep_std + eps)
+    episode = (ep - ep.mean()) / safe_denominator(ep.std(correction=0) + eps)  # population std
     turn = shaped.turn
     if turn is not None:
         units = turn[turn_starts(mask, turn)]
         if units.numel() > 0:
-            mean = units.mean()
-            std = (units - mean).pow(2).mean().sqrt()
-            turn = torch.where(mask, (turn - mean) / safe_denominator(std + eps), torch.zeros_like(turn))
+            std = units.std(correction=0)
+            turn = torch.where(mask, (turn - units.mean()) / safe_denominator(std + eps), torch.zeros_like(turn))
     return ShapedRewards(episode, turn, shaped.kl)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import math
 import numbers
@@ -22,8 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 import traceback
 import weakref
 from multiprocessing.connection import Connection
@@ -153,22 +152,13 @@ def _serve(conn: Connection) -> None:
 
 def _die_with(parent: int) -> None:
     """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
+    from areal_agents.lifeline import die_with_parent, watch_parent
+
     if sys.platform == "linux":
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
+        die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent ended before the signal was armed
         os._exit(1)
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    watch_parent(parent, signal=signal.SIGKILL)
 
 
 def worker_entry(fd: str, parent: str, memory_bytes: str) -> None:
@@ -232,19 +222,12 @@ class Worker:
         _live.discard(self)
 
     def __del__(self) -> None:  # a runner dropped without close(): end and reap the process
-        proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
+        if getattr(self, "proc", None) is not None:
+            self.kill()
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send_bytes(b"")
-        except (BrokenPipeError, OSError):
-            pass
         if self.exit_code(2.0) is None:
             self.proc.kill()
         self.kill()

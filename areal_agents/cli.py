@@ -217,15 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             preflight(args.cfg)
         if args.command in ("eval", "serve"):
             check_model_dir(args.model, "--model")
-        spec = COMMANDS[args.command]
-        try:
-            handler = load_object(spec)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not spec.startswith(exc.name):
-                raise
-            print(f"areal-agents {args.command}: not available yet", file=sys.stderr)
-            return 3
-        return int(handler(args) or 0)
+        return int(load_object(COMMANDS[args.command])(args) or 0)
     except (ConfigError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

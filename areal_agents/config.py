@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -518,14 +519,9 @@ class ExperimentConfig(Section):
     @property
     def weights_dir(self) -> str:
         """Where disk weight sync writes versions: under ``ray.shared_dir`` when set, else the run dir."""
-        import os
-
-        if self.ray.shared_dir:
-            return os.path.join(self.ray.shared_dir, self.experiment_name or self.env.name, self.trial_name, "weights")
-        return os.path.join(self.run_dir, "weights")
+        root = self.ray.shared_dir or self.output_dir
+        return os.path.join(root, self.experiment_name or self.env.name, self.trial_name, "weights")
 
     @property
     def run_dir(self) -> str:
-        import os
-
         return os.path.join(self.output_dir, self.experiment_name or self.env.name, self.trial_name)

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.failures import message_line
 
 __all__ = ["config_fields", "config_reference", "explain_config", "import_user_module", "load_config",
            "parse_allocation_mode", "to_yaml", "user_files"]
@@ -29,15 +30,9 @@ __all__ = ["config_fields", "config_reference", "explain_config", "import_user_m
 T = TypeVar("T")
 
 
-def _first_line(text: str, exc: BaseException) -> str:
-    """The first non-empty line of ``text`` (the exception's type name when there is none)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
 def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigError:
     key = getattr(exc, "full_key", None) or fallback_key or "config"
-    msg = _first_line(str(getattr(exc, "msg", None) or exc), exc)
+    msg = message_line(exc, str(getattr(exc, "msg", None) or exc))
     if type(exc).__name__ == "ConfigKeyError" and "not in struct" in msg or "Key '" in msg and "not in" in msg:
         msg = "unknown key"
     return ConfigError(key, msg)
@@ -103,7 +98,7 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
         except OmegaConfBaseException as exc:
             raise _omega_error(exc, key) from None
         except Exception as exc:  # the value's YAML does not parse
-            raise ConfigError(key, f"cannot parse value {value!r}: {_first_line(str(exc), exc)}") from None
+            raise ConfigError(key, f"cannot parse value {value!r}: {message_line(exc)}") from None
     return merged
 
 
@@ -120,7 +115,7 @@ def _materialise(node: DictConfig, prefix: str) -> Any:
     except OmegaConfBaseException as exc:
         raise _omega_error(exc, prefix.rstrip(".")) from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(prefix.rstrip(".") or "config", _first_line(str(exc), exc)) from None
+        raise ConfigError(prefix.rstrip(".") or "config", message_line(exc)) from None
 
 
 def _select(layer: DictConfig, key: str) -> Any:
@@ -219,13 +214,9 @@ def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     name = "grpo" if given is None else str(given)
     from areal_agents.registry import RegistryError, algorithms
 
-
-    if name not in algorithms:
-        known = ", ".join(algorithms.names())
-        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; registered: {known}")
     try:
         spec = algorithms.get(name)
-    except RegistryError as exc:
+    except RegistryError as exc:  # unknown ("unknown algorithm 'x'; registered: ..."), or it cannot be loaded
         raise ConfigError("algorithm.name", str(exc)) from None
     return name, dict(getattr(spec, "defaults", {}) or {})
 
@@ -317,7 +308,7 @@ def _layers(
         except AssertionError:  # OmegaConf's answer to a top-level scalar
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections") from None
         except Exception as exc:  # yaml.YAMLError and friends
-            raise ConfigError("--config", f"cannot parse {config_file}: {_first_line(str(exc), exc)}") from None
+            raise ConfigError("--config", f"cannot parse {config_file}: {message_line(exc)}") from None
         if not isinstance(loaded, DictConfig) or not _holds_mapping(config_file):
             raise ConfigError("--config", f"{config_file} must hold a mapping of sections")
         layers.append(("yaml", loaded))
@@ -363,7 +354,7 @@ def _build(layers: list[tuple[str, DictConfig]]) -> ExperimentConfig:
         except OmegaConfBaseException as exc:
             raise _omega_error(exc) from None
         except (TypeError, ValueError) as exc:  # e.g. a mapping where the schema has a list
-            raise ConfigError(_unmergeable_key(merged, layer), _first_line(str(exc), exc)) from None
+            raise ConfigError(_unmergeable_key(merged, layer), message_line(exc)) from None
     try:
         OmegaConf.resolve(merged)
     except OmegaConfBaseException as exc:

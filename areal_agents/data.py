@@ -7,6 +7,7 @@ has at least ``prompt`` and ``answer`` and is passed to ``env.reset(options=row)
 from __future__ import annotations
 
 import json
+import operator
 import os
 import random
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 SPLITS = ("train", "test")
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 class DatasetError(ValueError):

@@ -10,6 +10,7 @@ without it, evaluation counts an episode as solved when its return is positive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import math
@@ -104,10 +105,8 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
             outcome = (False, exc)
         except BaseException as exc:  # noqa: BLE001 - SystemExit etc. must not reach the loop
             outcome = (False, RuntimeError(f"{type(exc).__name__} raised in {getattr(fn, '__name__', fn)}: {exc}"))
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for the result any more
             loop.call_soon_threadsafe(_deliver, fut, *outcome)
-        except RuntimeError:  # the loop is closed: nobody waits for the result any more
-            pass
 
     _THREADS.submit(work)
     return await fut

@@ -16,7 +16,8 @@ from typing import Any
 
 from areal_agents.types import Trajectory
 
-__all__ = ["EpisodesFailed", "blame", "code_location", "describe", "failure_cause", "failure_message", "function_location"]
+__all__ = ["EpisodesFailed", "blame", "code_location", "describe", "failure_cause", "failure_message", "function_location",
+           "message_line"]
 
 COMPONENTS = {"env_error": "env", "agent_error": "agent", "reward_error": "reward", "server_error": "server",
               "timeout": "timeout", "aborted": "aborted"}
@@ -77,6 +78,13 @@ def function_location(fn: Any) -> str | None:
         return f"{os.path.basename(inspect.getsourcefile(fn) or '?')}:{lines[1]}"
     except (OSError, TypeError):
         return None
+
+
+def message_line(exc: BaseException, text: str | None = None, *, last: bool = False) -> str:
+    """The first (``last``: the last) non-empty line of ``text`` (default: ``exc``'s message),
+    stripped; the exception's type name when there is none."""
+    lines = [line.strip() for line in (str(exc) if text is None else text).splitlines() if line.strip()]
+    return (lines[-1] if last else lines[0]) if lines else type(exc).__name__
 
 
 def describe(exc: BaseException, fallback: str | None = None) -> str:

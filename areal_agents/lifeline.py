@@ -9,14 +9,24 @@ runs), and is hard-exited ``grace`` seconds later if it is still alive.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal as _signal
 import threading
 import time
 
-__all__ = ["PARENT_PID_ENV", "parent_alive", "watch_parent", "watch_parent_from_env"]
+__all__ = ["PARENT_PID_ENV", "die_with_parent", "parent_alive", "watch_parent", "watch_parent_from_env"]
 
 PARENT_PID_ENV = "AREAL_AGENTS_PARENT_PID"  # a launched ``areal-agents`` process watches this pid
+
+
+def die_with_parent(signal: int = _signal.SIGTERM) -> None:
+    """Linux: have the kernel send ``signal`` to this process when the thread that started it
+    ends (``PR_SET_PDEATHSIG``); a no-op where that is unavailable."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal)
 
 
 def parent_alive(pid: int) -> bool:

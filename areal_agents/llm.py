@@ -107,11 +107,7 @@ class LLM(ABC):
 
     def reset(self) -> None:
         """Forget the recorded episode (the handle can then play a new one)."""
-        self._ids: list[int] = []
-        self._mask: list[int] = []
-        self._logprobs: list[float] = []
-        self._versions: list[int] = []
-        self._spans: list[tuple[int, int]] = []
+        self._rec = Trajectory()  # the tokens so far: input_ids, loss_mask, logprobs, versions, turn_spans
         self._finish_reasons: list[str] = []
         self._messages: list[dict[str, Any]] = []
         self._tools: list[dict[str, Any]] | None = None
@@ -120,7 +116,8 @@ class LLM(ABC):
     def fork(self) -> LLM:
         """A copy of this handle whose recording goes on separately (e.g. for ``n`` samples of one prompt)."""
         twin = copy.copy(self)
-        for name in ("_ids", "_mask", "_logprobs", "_versions", "_spans", "_finish_reasons", "_messages"):
+        twin._rec = copy.deepcopy(self._rec)
+        for name in ("_finish_reasons", "_messages"):
             setattr(twin, name, list(getattr(self, name)))
         return twin
 
@@ -128,23 +125,23 @@ class LLM(ABC):
     @property
     def input_ids(self) -> list[int]:
         """Every token of the episode so far: prompts, generations, env replies."""
-        return list(self._ids)
+        return list(self._rec.input_ids)
 
     @property
     def loss_mask(self) -> list[int]:
-        return list(self._mask)
+        return list(self._rec.loss_mask)
 
     @property
     def logprobs(self) -> list[float]:
-        return list(self._logprobs)
+        return list(self._rec.logprobs)
 
     @property
     def versions(self) -> list[int]:
-        return list(self._versions)
+        return list(self._rec.versions)
 
     @property
     def turn_spans(self) -> list[tuple[int, int]]:
-        return list(self._spans)
+        return list(self._rec.turn_spans)
 
     @property
     def finish_reasons(self) -> list[str]:
@@ -157,15 +154,7 @@ class LLM(ABC):
 
     @property
     def num_generated(self) -> int:
-        return sum(self._mask)
-
-    def _append(self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
-                versions: list[int] | None = None) -> None:
-        n = len(ids)
-        self._ids.extend(int(i) for i in ids)
-        self._mask.extend([1 if generated else 0] * n)
-        self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * n)
-        self._versions.extend([int(v) for v in versions] if versions is not None else [-1] * n)
+        return self._rec.num_generated
 
     def _encode(self, text: str) -> list[int]:
         if not text:
@@ -200,15 +189,15 @@ class LLM(ABC):
 
     # -- token-level API ----------------------------------------------------------------------
     async def _record_generation(self, sampling: dict[str, Any]) -> Generation:
-        gen = await self._generate(list(self._ids), self._sampling(sampling))
+        gen = await self._generate(list(self._rec.input_ids), self._sampling(sampling))
         n = len(gen.output_ids)
         if len(gen.logprobs) != n or len(gen.versions) != n:
             raise ValueError(
                 f"backend returned {n} output ids but {len(gen.logprobs)} logprobs and {len(gen.versions)} versions"
             )
-        start = len(self._ids)
-        self._append(gen.output_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
-        self._spans.append((start, start + n))
+        start = self._rec.num_tokens
+        self._rec.append_tokens(gen.output_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
+        self._rec.turn_spans.append((start, start + n))
         self._finish_reasons.append(gen.finish_reason)
         self.last_generation = gen
         return gen
@@ -220,13 +209,13 @@ class LLM(ABC):
         the new tail is recorded as context (loss mask 0) and the output as generated tokens.
         """
         ids = [int(i) for i in input_ids]
-        n = len(self._ids)
-        if ids[:n] != self._ids:
+        n = self._rec.num_tokens
+        if ids[:n] != self._rec.input_ids:
             raise ValueError(
                 f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
                 "(extend the sequence, or call llm.reset() to start a new episode)"
             )
-        self._append(ids[n:], generated=False)
+        self._rec.append_tokens(ids[n:], generated=False)
         return await self._record_generation(sampling)
 
     # -- chat API ---------------------------------------------------------------------------
@@ -242,17 +231,13 @@ class LLM(ABC):
         return self._turn_end
 
     def _delta_text(self, new: list[dict[str, Any]]) -> str:
-        """Rendered text of ``new`` messages appended to the recorded conversation."""
-        old = self._render(self._messages, False)
-        full = self._render(self._messages + new, True)
-        if full.startswith(old):
-            return full[len(old):]
-        # Templates that rewrite earlier turns: render the new messages after a neutral stub.
+        """Rendered text of ``new`` messages appended to the recorded conversation (or, for
+        templates that rewrite earlier turns, appended after a neutral stub)."""
         stub = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
-        old = self._render(stub, False)
-        full = self._render(stub + new, True)
-        if full.startswith(old):
-            return full[len(old):]
+        for before in (self._messages, stub):
+            old, full = self._render(before, False), self._render(before + new, True)
+            if full.startswith(old):
+                return full[len(old):]
         raise ValueError(
             "llm.chat: the tokenizer's chat template is not append-only (rendering more messages changes "
             "the text of earlier ones), so new turns cannot be appended as tokens"
@@ -272,7 +257,7 @@ class LLM(ABC):
             last = self.tokenizer.decode([gen.output_ids[-1]], skip_special_tokens=False)
             if last and end.startswith(last):
                 end = end[len(last):]
-        self._append(self._encode(end), generated=False)
+        self._rec.append_tokens(self._encode(end), generated=False)
 
     async def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                    prefix: str = "", **sampling: Any) -> str:
@@ -297,7 +282,7 @@ class LLM(ABC):
             self._tools = [dict(t) for t in tools] if tools else None
             prompt = self._render(messages, True)
             ids = self._encode(prompt)
-            self._append(ids, generated=False)
+            self._rec.append_tokens(ids, generated=False)
         else:
             if len(messages) <= n or any(
                 a.get("role") != b.get("role") or (a.get("role") != "assistant" and a.get("content") != b.get("content"))
@@ -307,9 +292,9 @@ class LLM(ABC):
                     f"llm.chat: messages must repeat the {n} messages of this episode so far (with the replies "
                     "chat returned) and add at least one new message; use a new LLM (or llm.reset()) per episode"
                 )
-            self._append(self._encode(self._delta_text(messages[n:])), generated=False)
+            self._rec.append_tokens(self._encode(self._delta_text(messages[n:])), generated=False)
         self._messages = self._messages[:n] + messages[n:] if n else messages
-        self._append(self._encode(prefix), generated=False)
+        self._rec.append_tokens(self._encode(prefix), generated=False)
         gen = await self._record_generation(sampling)
         text = prefix + self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=True)
         self._close_turn(gen)
@@ -319,17 +304,11 @@ class LLM(ABC):
     # -- export -----------------------------------------------------------------------------
     def to_trajectory(self, **fields: Any) -> Trajectory:
         """The recorded tokens as a :class:`~areal_agents.types.Trajectory` (``fields`` override)."""
-        cut = self._spans[0][0] if self._spans else len(self._ids)
-        traj = Trajectory(
-            input_ids=list(self._ids),
-            loss_mask=list(self._mask),
-            logprobs=list(self._logprobs),
-            versions=list(self._versions),
-            turn_spans=list(self._spans),
-            finish_reason=self._finish_reasons[-1] if self._finish_reasons else "stop",
-            prompt_text=self.tokenizer.decode(self._ids[:cut], skip_special_tokens=False),
-            completion_text=self.tokenizer.decode(self._ids[cut:], skip_special_tokens=False),
-        )
+        traj = copy.deepcopy(self._rec)
+        traj.finish_reason = self._finish_reasons[-1] if self._finish_reasons else "stop"
+        cut = traj.turn_spans[0][0] if traj.turn_spans else traj.num_tokens
+        traj.prompt_text = self.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)
+        traj.completion_text = self.tokenizer.decode(traj.input_ids[cut:], skip_special_tokens=False)
         for key, value in fields.items():
             setattr(traj, key, value)
         return traj

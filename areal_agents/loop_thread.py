@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -50,10 +51,8 @@ class LoopThread:
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule ``fn(*args)`` on the loop from any thread (a no-op once the loop is closed)."""
-        try:
+        with contextlib.suppress(RuntimeError):  # closed
             self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # closed
-            pass
 
     def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         """Run ``coro`` on the loop and wait for its result from another thread."""

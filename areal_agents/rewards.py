@@ -162,7 +162,7 @@ def default_reward_workers() -> int:
     return max(1, min(cpus, 8))
 
 
-class RewardRunner:
+class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
     """Evaluate reward functions in up to ``max_workers`` worker processes (default
     :func:`default_reward_workers`), ``timeout`` s each; that many calls run at once.
 
@@ -269,9 +269,6 @@ class RewardRunner:
             idle, self._idle = self._idle, []
         for worker in idle:
             worker.stop()
-
-    def __enter__(self) -> RewardRunner:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

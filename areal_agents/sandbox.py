@@ -23,6 +23,7 @@ If namespaces are unavailable the code still runs with the resource limits, and
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -245,10 +246,8 @@ def run_python(
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait()
         duration = time.monotonic() - t0
         with os.fdopen(read_fd, "r") as status_pipe:

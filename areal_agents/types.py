@@ -86,6 +86,16 @@ class Trajectory:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def append_tokens(self, ids: Sequence[int], *, generated: bool, logprobs: Sequence[float] | None = None,
+                      versions: Sequence[int] | None = None) -> None:
+        """Append ``ids`` with loss mask 1 (``generated``) or 0; tokens without ``logprobs`` /
+        ``versions`` get logprob 0.0 and version -1."""
+        n = len(ids)
+        self.input_ids += [int(i) for i in ids]
+        self.loss_mask += [int(generated)] * n
+        self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * n
+        self.versions += [int(v) for v in versions] if versions is not None else [-1] * n
+
     def set_rewards(self, turn_rewards: Sequence[float], turn_discount: float) -> None:
         """Store per-turn rewards and derive ``reward`` and ``turn_returns``."""
         self.turn_rewards = [float(r) for r in turn_rewards]

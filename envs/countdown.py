@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import operator
 import random
 from collections import Counter
 from fractions import Fraction
@@ -12,7 +13,7 @@ from areal_agents.env import TurnLimitedEnv
 
 __all__ = ["CountdownEnv", "countdown_dataset", "evaluate_expression"]
 
-_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
 def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
@@ -32,15 +33,9 @@ def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
             return Fraction(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Add):
-                return left + right
-            if isinstance(node.op, ast.Sub):
-                return left - right
-            if isinstance(node.op, ast.Mult):
-                return left * right
-            if right == 0:
+            if isinstance(node.op, ast.Div) and right == 0:
                 raise ValueError("division by zero")
-            return left / right
+            return _BINOPS[type(node.op)](left, right)
         raise ValueError("only integers, + - * / and parentheses are allowed")
 
     return ev(tree.body), used

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_agents.env import Env
+from areal_agents.env import TurnLimitedEnv
 
 __all__ = ["MathEnv"]
 
 
-class MathEnv(Env):
+class MathEnv(TurnLimitedEnv):
     """Single turn: the observation is ``row["prompt"]``; the reply is scored against ``row["answer"]``.
 
     ``reward`` names a registered reward (default ``math``: \\boxed{}, ``#### N`` or the last
@@ -18,36 +18,16 @@ class MathEnv(Env):
 
     default_dataset = "arithmetic"
     default_dataset_kwargs = {}
+    required_fields = ("prompt", "answer")
 
     def __init__(self, reward: str = "math") -> None:
+        super().__init__(max_turns=1)
         self.reward = reward
-        self.row: dict[str, Any] | None = None
-        self.turn = 0
-        self.done = True
 
-    def _start(self, seed: int | None, options: dict[str, Any] | None) -> str:
-        super().reset(seed=seed)
-        row = self.resolve_row(options, ("prompt", "answer"))
-        self.row, self.turn, self.done = row, 0, False
-        return str(row["prompt"])
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        return self._start(seed, options), {}
-
-    def _score(self, action: str) -> tuple[float, dict[str, Any]]:
-        if self.row is None or self.done:
-            raise RuntimeError(f"{type(self).__name__}.step called before reset() or after the episode ended")
-        self.turn += 1
-        reward, info = self.compute_reward(self.reward, action, self.row)
+    def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
+        reward, info = self.compute_reward(self.reward, action, row)
         info["success"] = reward >= 1.0
-        return reward, info
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        reward, info = self._score(action)
-        self.done = True
-        return "", reward, True, False, info
+        return "", reward, True, info
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         return str(row["answer"])

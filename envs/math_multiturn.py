@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal_agents.env import TurnLimitedEnv
 from envs.math import MathEnv
 
 __all__ = ["MultiTurnMathEnv"]
@@ -17,19 +18,10 @@ class MultiTurnMathEnv(MathEnv):
     """
 
     def __init__(self, reward: str = "math", max_turns: int = 3, feedback: str = "Wrong, try again.") -> None:
-        super().__init__(reward=reward)
-        if max_turns < 1:
-            raise ValueError(f"MultiTurnMathEnv: max_turns must be >= 1 (got {max_turns})")
-        self.max_turns = max_turns
-        self.feedback = feedback
+        TurnLimitedEnv.__init__(self, max_turns)
+        self.reward, self.feedback = reward, feedback
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        reward, info = self._score(action)
-        info["turns"] = self.turn
-        if info["success"]:
-            self.done = True
-            return "", reward, True, False, info
-        if self.turn >= self.max_turns:
-            self.done = True
-            return "", reward, False, True, info
-        return self.feedback, reward, False, False, info
+    def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
+        _, reward, _, info = super().play_turn(action, row)
+        last = info["success"] or self.turn >= self.max_turns
+        return ("" if last else self.feedback), reward, info["success"], info

@@ -38,15 +38,12 @@ Batch = dict[str, torch.Tensor]
 def _generated_returns(traj: Trajectory, n: int) -> list[float]:
     """Per-token return: each generated token of turn ``k`` gets ``turn_returns[k]``."""
     out = [0.0] * n
-    if traj.turn_spans and len(traj.turn_returns) == len(traj.turn_spans):
-        for (start, end), ret in zip(traj.turn_spans, traj.turn_returns, strict=True):
-            for t in range(start, end):
-                if traj.loss_mask[t]:
-                    out[t] = float(ret)
-    else:
-        for t in range(n):
+    per_turn = traj.turn_spans and len(traj.turn_returns) == len(traj.turn_spans)
+    spans = zip(traj.turn_spans, traj.turn_returns, strict=True) if per_turn else [((0, n), traj.reward)]
+    for (start, end), ret in spans:
+        for t in range(start, end):
             if traj.loss_mask[t]:
-                out[t] = float(traj.reward)
+                out[t] = float(ret)
     return out
 
 
@@ -70,22 +67,18 @@ def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
             raise ValueError(f"trajectory {i}: needs a prompt token before the first generated token")
     lens = [len(t.input_ids) for t in trajs]
     b, t_max = len(trajs), max(lens)
-    out: Batch = {
-        "input_ids": torch.full((b, t_max), pad_token_id, dtype=torch.long),
-        "attention_mask": torch.zeros((b, t_max), dtype=torch.long),
-        "loss_mask": torch.zeros((b, t_max), dtype=torch.bool),
-        "logprobs": torch.zeros((b, t_max), dtype=torch.float32),
-        "versions": torch.full((b, t_max), -1, dtype=torch.long),
-        "turn_returns": torch.zeros((b, t_max), dtype=torch.float32),
-    }
+    # token-aligned field of the trajectory: (padding value, dtype)
+    fields = {"input_ids": (pad_token_id, torch.long), "loss_mask": (False, torch.bool),
+              "logprobs": (0.0, torch.float32), "versions": (-1, torch.long)}
+    out: Batch = {key: torch.full((b, t_max), fill, dtype=dtype) for key, (fill, dtype) in fields.items()}
+    out["attention_mask"] = torch.zeros((b, t_max), dtype=torch.long)
+    out["turn_returns"] = torch.zeros((b, t_max), dtype=torch.float32)
     groups: dict[str, int] = {}
     for i, tr in enumerate(trajs):
         n = lens[i]
-        out["input_ids"][i, :n] = torch.tensor(tr.input_ids, dtype=torch.long)
+        for key, (_, dtype) in fields.items():
+            out[key][i, :n] = torch.tensor(getattr(tr, key), dtype=dtype)
         out["attention_mask"][i, :n] = 1
-        out["loss_mask"][i, :n] = torch.tensor(tr.loss_mask, dtype=torch.bool)
-        out["logprobs"][i, :n] = torch.tensor(tr.logprobs, dtype=torch.float32)
-        out["versions"][i, :n] = torch.tensor(tr.versions, dtype=torch.long)
         out["turn_returns"][i, :n] = torch.tensor(_generated_returns(tr, n), dtype=torch.float32)
         groups.setdefault(tr.group_id or f"__single{i}", len(groups))
     out["versions"][~out["loss_mask"]] = -1

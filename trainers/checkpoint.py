@@ -29,8 +29,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from areal_agents.failures import message_line
 from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
@@ -76,8 +79,7 @@ def find_latest(root: str | os.PathLike[str]) -> Path | None:
 
 def _save_error(exc: BaseException, where: Path) -> Exception:
     """An ``OSError`` (errno kept, e.g. ENOSPC) or ``RuntimeError`` for a failed DCP save."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    last = lines[-1] if lines else type(exc).__name__
+    last = message_line(exc, last=True)
     code = re.search(r"\[Errno (\d+)\]", last)
     if code:
         return OSError(int(code.group(1)), f"cannot write checkpoint {where}: {last}")
@@ -107,15 +109,11 @@ class Checkpointer:
     def _options(engine: TrainEngine) -> Any:
         """With LoRA a checkpoint holds what trains (adapters, value head) and its optimiser
         state, not the frozen base weights, which come from ``actor.path`` again."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
         lora = getattr(engine, "lora", None) is not None
         return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else None
 
     @classmethod
     def _model_states(cls, engine: TrainEngine) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         out = {}
         for name, sm in engine.trainable().items():
             model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer, options=cls._options(engine))
@@ -125,8 +123,6 @@ class Checkpointer:
     def save(self, engine: TrainEngine, *, step: int, version: int, rollout: Any = None,
              extra: dict[str, Any] | None = None) -> Path:
         """Write checkpoint ``step`` atomically and point ``latest`` at it; return its path."""
-        import torch.distributed.checkpoint as dcp
-
         name = f"{_PREFIX}{step:08d}"
         final, tmp = self.root / name, self.root / f".tmp-{name}"
         if engine.rank == 0:
@@ -165,9 +161,6 @@ class Checkpointer:
     def load(self, engine: TrainEngine, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore ``engine`` (models, optimisers, schedules, RNG) from ``path``; return
         ``{"step", "version", "rollout", "extra", "path"}``."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
         path = Path(path)
         if _complete(path) is None:
             raise ValueError(f"{path}: not a complete checkpoint (no meta.json with complete=true)")

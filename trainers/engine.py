@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.losses import LossNorm
@@ -379,14 +380,10 @@ class TrainEngine:
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded policy parameters on CPU (collective: every rank must call)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         return get_model_state_dict(self.actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's LoRA adapter, unsharded on CPU, under PEFT's saved names (collective)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         state = get_model_state_dict(self.actor.model, options=opts)  # (it adds tied output embeddings)
         return {adapter_key(k): v for k, v in state.items() if is_adapter_key(k)}

@@ -64,11 +64,8 @@ def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = T
 
 def cli_eval(args: argparse.Namespace) -> int:
     cfg: ExperimentConfig = args.cfg
-    if args.model:
-        model_path = args.model
-    elif cfg.actor.path:
-        model_path = cfg.actor.path
-    else:
+    model_path = args.model or cfg.actor.path
+    if not model_path:
         from trainers.sft import ensure_warm_model
 
         model_path = str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -36,12 +37,10 @@ class MetricsLogger:
         self._tb: Any = None
         self._wandb: Any = None
         if cfg.tensorboard:
-            try:
+            with contextlib.suppress(ImportError):  # tensorboard is optional
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-            except ImportError:  # tensorboard is optional
-                self._tb = None
         if cfg.wandb:
             import wandb
 
@@ -54,10 +53,10 @@ class MetricsLogger:
         self.history.append(row)
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        for key, value in row.items():
-            if self._tb is not None and isinstance(value, (int, float)) and key != "step":
-                self._tb.add_scalar(key, value, step)
         if self._tb is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(key, value, step)
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(row, step=step)

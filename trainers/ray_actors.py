@@ -13,6 +13,7 @@ them with ``ray.remote`` so that nothing here imports Ray at module level).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import signal
@@ -60,10 +61,8 @@ def _wait_port_free(host: str, port: int, timeout: float = 20.0) -> None:
 
 def _kill_group(pid_file: Path) -> None:
     """SIGKILL the process group of the server whose pid ``pid_file`` holds (a previous launch)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
 
 
 class ServerActor:

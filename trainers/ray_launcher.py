@@ -20,6 +20,7 @@ actor and removes the placement groups.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -32,6 +33,7 @@ from typing import Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
+from areal_agents.failures import message_line
 from areal_agents.inference.launcher import LaunchError
 from trainers.ray_actors import RankActor, ServerActor
 
@@ -81,7 +83,7 @@ def trainer_bundle(cfg: ExperimentConfig) -> dict[str, float]:
     return bundle
 
 
-class RayRun:
+class RayRun(contextlib.AbstractContextManager["RayRun"]):
     """One run's actors and placement groups on a Ray cluster; a context manager that tears them down."""
 
     def __init__(self, cfg: ExperimentConfig, model_path: str, *, out: Any = None) -> None:
@@ -171,7 +173,7 @@ class RayRun:
         try:
             infos = ray.get([s.describe.remote() for s in self.servers], timeout=cfg.inference.setup_timeout + 60)
         except ray.exceptions.RayActorError as exc:
-            raise RayLaunchError(f"ray: an inference server did not start: {_gist(exc)}") from None
+            raise RayLaunchError(f"ray: an inference server did not start: {message_line(exc, last=True)}") from None
         except ray.exceptions.GetTimeoutError:
             raise RayLaunchError(f"ray: inference servers not up within inference.setup_timeout="
                                  f"{cfg.inference.setup_timeout:g}s (+60 s to start their actors)") from None
@@ -270,7 +272,7 @@ class RayRun:
                     try:
                         code = ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
-                        return self._failed(r, f"died ({_gist(exc)})")
+                        return self._failed(r, f"died ({message_line(exc, last=True)})")
                     if code != 0:
                         return self._failed(r, f"exited with code {code}")
         except KeyboardInterrupt:
@@ -288,11 +290,9 @@ class RayRun:
         """Ctrl-C / SIGTERM: each rank saves a checkpoint at its step boundary and leaves."""
         self.note("ray: interrupted; the trainer ranks save a checkpoint and stop")
         ray = self.ray
-        try:
+        with contextlib.suppress(ray.exceptions.RayError, KeyboardInterrupt):
             ray.get([a.terminate.remote() for a in self.ranks], timeout=10)
             ray.wait(pending, num_returns=len(pending), timeout=timeout)
-        except (ray.exceptions.RayError, KeyboardInterrupt):
-            pass
 
     def write_placement(self) -> Path:
         path = self.run_dir / "ray_placement.json"
@@ -311,29 +311,16 @@ class RayRun:
         if self.servers:
             ray.wait([s.stop.remote() for s in self.servers], num_returns=len(self.servers), timeout=20)
         for actor in [*self.servers, *self.ranks]:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
         for pg in self.pgs:
-            try:
+            with contextlib.suppress(Exception):  # already removed
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001 - already removed
-                pass
         self.servers, self.ranks, self.pgs = [], [], []
         ray.shutdown()
 
-    def __enter__(self) -> RayRun:
-        return self
-
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _gist(exc: BaseException) -> str:
-    """The last non-empty line of a Ray error (its cause; the lines above are Ray's context)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(exc).__name__
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

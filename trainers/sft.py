@@ -315,8 +315,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
         test_rows = test_rows[:_CHECK_ROWS]
 
     def texts() -> list[str]:
-        seen = train_rows[:5000]
-        return [_corpus_text(env, r) for r in seen]
+        return [_corpus_text(env, r) for r in train_rows[:5000]]
 
     base = ensure_tiny_model(cfg.env.name, texts)
     out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"

@@ -31,10 +31,11 @@ from typing import Any, Protocol
 
 import torch
 
-from areal_agents.inference import protocol
+from areal_agents.inference import control, protocol
 from areal_agents.inference.weight_group import new_weight_group
 from trainers import dist as tdist
 from trainers.hf_io import TORCH_DTYPES
+from trainers.lora import adapter_config
 
 __all__ = ["DiskWeightSync", "DistributedWeightSync", "Policy", "WeightSync", "make_weight_sync"]
 
@@ -77,7 +78,7 @@ class WeightSync:
         for addr in addrs:
             try:
                 fn(addr)
-            except _control().ServerUnreachable as exc:
+            except control.ServerUnreachable as exc:
                 if addr not in self.down:
                     self.events.append(f"inference server {addr} is unreachable; weight sync skips it until it is back")
                 self.down[addr] = str(exc)
@@ -89,7 +90,6 @@ class WeightSync:
 
     def _paused(self, version: int, update: Callable[[list[str]], list[str]]) -> None:
         """Pause the reachable servers, ``update`` them (it returns those it reached), resume them."""
-        control = _control()
         up = self._on_each(self.addresses, control.pause_generation)
         try:
             up = update(up) if up else up
@@ -106,15 +106,7 @@ def _lora(engine: Policy) -> Any:
 
 
 def _adapter_config(engine: Any) -> dict[str, Any]:
-    from trainers.lora import adapter_config
-
     return adapter_config(engine.lora, engine.model_path, engine.actor.model)
-
-
-def _control() -> Any:
-    from areal_agents.inference import control
-
-    return control
 
 
 class DiskWeightSync(WeightSync):
@@ -136,13 +128,10 @@ class DiskWeightSync(WeightSync):
         path = engine.export_hf(self.path_for(version))  # with LoRA: the adapter dir
         lora = _lora(engine)
         if engine.rank == 0 and self.addresses:
-            control = _control()
-            if lora is None:
-                self._paused(version, lambda up: self._on_each(
-                    up, lambda a: control.update_weights_from_disk(a, str(path), version)))
-            else:
-                self._paused(version, lambda up: self._on_each(
-                    up, lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
+            update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
+                                            if lora is None else
+                                            (lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
+            self._paused(version, lambda up: self._on_each(up, update))
         if engine.rank == 0:
             self.prune()
         tdist.barrier()
@@ -245,7 +234,7 @@ class DistributedWeightSync(WeightSync):
             self.group = new_weight_group(self.backend, self.master_address, port, world, 0, self.current_name,
                                           self.timeout_s)
 
-        self._while(lambda: _control().init_weights_update_group(servers, payloads, timeout=self.timeout_s), create)
+        self._while(lambda: control.init_weights_update_group(servers, payloads, timeout=self.timeout_s), create)
         self.members = list(servers)
 
     def _broadcast(self, up: list[str], state: dict[str, torch.Tensor], version: int,
@@ -258,7 +247,7 @@ class DistributedWeightSync(WeightSync):
             for t in state.values():
                 self.group.broadcast(t.cuda() if self.backend == "nccl" else t, 0).wait()
 
-        self._while(lambda: _control().update_weights_from_distributed(up, payload, timeout=self.timeout_s),
+        self._while(lambda: control.update_weights_from_distributed(up, payload, timeout=self.timeout_s),
                     broadcast)
         return up
 

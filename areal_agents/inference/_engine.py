@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,7 +56,6 @@ class GenRequest:
     finish: dict[str, Any] | None = None
     matched_stop: str | None = None
     error: str | None = None
-    created: float = field(default_factory=time.monotonic)
 
 
 class Engine:

@@ -47,9 +47,13 @@ class _GrowingLayer(DynamicLayer):
 
 
 def _resize(buf: torch.Tensor, cap: int, length: int) -> torch.Tensor:
-    out = buf.new_zeros(buf.shape[0], buf.shape[1], cap, buf.shape[3])
-    out[:, :, :length] = buf[:, :, :length]
-    return out
+    """The first ``length`` columns of ``buf`` in a zeroed buffer of ``cap`` columns."""
+    return _pad(buf[:, :, :length], 0, cap - length)
+
+
+def _pad(kv: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """``kv`` ``[B, H, T, D]`` with ``left``/``right`` zero columns added along ``T``."""
+    return torch.nn.functional.pad(kv, (0, 0, left, right))
 
 
 class BatchKV:
@@ -97,14 +101,10 @@ class BatchKV:
         for i, fresh in enumerate(prefill.layers):
             old = self.cache.layers[i] if b_old else None
             parts = []
-            for name in ("keys", "values"):
-                new_kv = getattr(fresh, name)[idx]
-                h, d = new_kv.shape[1], new_kv.shape[3]
-                buf = new_kv.new_zeros(b_old + len(rows), h, length + _HEADROOM, d).to(self.dtype)
-                if old is not None:
-                    buf[:b_old, :, length - t_old : length] = getattr(old, name)
-                buf[b_old:, :, length - t_new : length] = new_kv
-                parts.append(buf)
+            for name in ("keys", "values"):  # old rows, then the new ones, left-padded to ``length``
+                kvs = [getattr(old, name)] if old is not None else []
+                kvs.append(getattr(fresh, name)[idx].to(self.dtype))
+                parts.append(torch.cat([_pad(kv, length - kv.shape[2], _HEADROOM) for kv in kvs]))
             layers.append(_GrowingLayer(parts[0], parts[1], length))
         self.cache = self.fresh_cache()
         self.cache.layers = layers
@@ -122,12 +122,8 @@ class BatchKV:
         length = int(valid.shape[1]) - lead
         layers: list[Any] = []
         for layer in cast("list[_GrowingLayer]", self.cache.layers):
-            bufs = []
-            for buf in (layer.kbuf, layer.vbuf):
-                new = buf.new_zeros(len(rows), buf.shape[1], length + _HEADROOM, buf.shape[3])
-                new[:, :, :length] = buf[idx, :, lead : lead + length]
-                bufs.append(new)
-            layers.append(_GrowingLayer(bufs[0], bufs[1], length))
+            keys, values = (_pad(buf[idx, :, lead : lead + length], 0, _HEADROOM) for buf in (layer.kbuf, layer.vbuf))
+            layers.append(_GrowingLayer(keys, values, length))
         self.cache.layers = layers
         self.valid = valid[:, lead:]
         self.pos = self.pos[idx]

@@ -21,6 +21,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -45,38 +46,29 @@ def normalize_address(addr: str) -> str:
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
 
 
+@dataclass(eq=False)
 class InferenceClient:
     """``/generate`` over several servers with sticky choice, retries and resume-on-abort."""
 
-    def __init__(
-        self,
-        addresses: Sequence[str],
-        schedule: str = "round_robin",
-        timeout: float = 300.0,
-        retries: int = 3,
-        backoff: float = 0.1,
-        max_backoff: float = 5.0,
-        reprobe_after: float = 2.0,
-        abort_wait: float = 0.05,
-        max_resumes: int = 1000,
-        max_empty_aborts: int = 20,
-        lora_path: str | None = None,
-    ) -> None:
-        if not addresses:
+    addresses: Sequence[str]
+    schedule: str = "round_robin"
+    timeout: float = 300.0
+    retries: int = 3
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+    reprobe_after: float = 2.0
+    abort_wait: float = 0.05
+    max_resumes: int = 1000
+    max_empty_aborts: int = 20
+    lora_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.addresses:
             raise ValueError("InferenceClient needs at least one server address")
-        if schedule not in ("round_robin", "least_loaded"):
-            raise ValueError(f"schedule must be round_robin or least_loaded (got {schedule!r})")
-        self.urls = [normalize_address(a) for a in addresses]
-        self.schedule = schedule
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.reprobe_after = reprobe_after
-        self.abort_wait = abort_wait
-        self.max_resumes = max_resumes
-        self.max_empty_aborts = max_empty_aborts
-        self.lora = {"lora_path": lora_path} if lora_path else {}  # every request decodes with this adapter
+        if self.schedule not in ("round_robin", "least_loaded"):
+            raise ValueError(f"schedule must be round_robin or least_loaded (got {self.schedule!r})")
+        self.urls = [normalize_address(a) for a in self.addresses]
+        self.lora = {"lora_path": self.lora_path} if self.lora_path else {}  # every request decodes with this adapter
         self.inflight = [0] * len(self.urls)
         self.dead_until: dict[int, float] = {}
         self._rr = itertools.cycle(range(len(self.urls)))
@@ -151,10 +143,6 @@ class InferenceClient:
                 self._sticky.popitem(last=False)
         return idx
 
-    def _mark_dead(self, idx: int) -> None:
-        self.dead_until[idx] = time.monotonic() + self.reprobe_after
-        self.stats["failovers"] += 1
-
     # ------------------------------------------------------------------ requests
     async def _post_once(self, idx: int, payload: dict[str, Any]) -> Any:
         url = self.urls[idx] + "/generate"
@@ -188,7 +176,8 @@ class InferenceClient:
                     return await self._post_once(idx, payload), self.urls[idx]
                 except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retryable) as exc:
                     err = exc
-                    self._mark_dead(idx)
+                    self.dead_until[idx] = time.monotonic() + self.reprobe_after  # out of the rotation
+                    self.stats["failovers"] += 1
                 finally:
                     self.inflight[idx] -= 1
             attempt += 1

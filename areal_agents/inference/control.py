@@ -160,20 +160,21 @@ def flush_cache(addrs: Addrs, timeout: float = 60.0) -> None:
         _request("POST", url + "/flush_cache", timeout)
 
 
+def _get_object(addr: str, path: str, timeout: float) -> dict[str, Any]:
+    body = _request("GET", normalize_address(addr) + path, timeout).json()
+    if not isinstance(body, dict):
+        raise ControlError(f"{addr}{path}: expected a JSON object, got {str(body)[:200]}")
+    return body
+
+
 def model_info(addr: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET /model_info`` of one server (``model_path``, ``weight_version``, ...)."""
-    body = _request("GET", normalize_address(addr) + "/model_info", timeout).json()
-    if not isinstance(body, dict):
-        raise ControlError(f"{addr}/model_info: expected a JSON object, got {str(body)[:200]}")
-    return body
+    return _get_object(addr, "/model_info", timeout)
 
 
 def server_info(addr: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET /server_info`` of one server (the embedded one adds batching statistics)."""
-    body = _request("GET", normalize_address(addr) + "/server_info", timeout).json()
-    if not isinstance(body, dict):
-        raise ControlError(f"{addr}/server_info: expected a JSON object, got {str(body)[:200]}")
-    return body
+    return _get_object(addr, "/server_info", timeout)
 
 
 def init_weights_update_group(addrs: Addrs, payloads: Sequence[dict[str, Any]], timeout: float = 600.0) -> None:

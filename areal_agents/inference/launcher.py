@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.config import ConfigError, check_sglang_version
+from areal_agents.lifeline import die_with_parent
 
 __all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
            "inference_servers", "launch_servers", "sglang_command"]  # fmt: skip
@@ -122,17 +123,8 @@ def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0
     ]  # fmt: skip
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 @dataclass(eq=False)
-class ServerHandle:
+class ServerHandle(contextlib.AbstractContextManager["ServerHandle"]):
     """One server subprocess; ``address`` is ``host:port``."""
 
     address: str
@@ -176,14 +168,11 @@ class ServerHandle:
                 pass
             break
 
-    def __enter__(self) -> ServerHandle:
-        return self
-
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-class ServerGroup(list[ServerHandle]):
+class ServerGroup(list[ServerHandle], contextlib.AbstractContextManager["ServerGroup"]):
     """The servers of one launch; a context manager that closes them all."""
 
     @property
@@ -193,9 +182,6 @@ class ServerGroup(list[ServerHandle]):
     def close(self) -> None:
         for handle in self:
             handle.close()
-
-    def __enter__(self) -> ServerGroup:
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -208,7 +194,7 @@ def _start(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subpro
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if arm else None,
+            env={**os.environ, **(env or {})}, preexec_fn=die_with_parent if arm else None,
         )  # fmt: skip
 
 

@@ -96,10 +96,6 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _neutral(value: Any, default: Any) -> bool:
     """Null, empty, SGLang's default, or a per-prompt list of those."""
     if value is None or (value == default and isinstance(value, bool) == isinstance(default, bool)):
@@ -156,7 +152,8 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     for key, unset in (("temperature", 1.0), ("top_p", 1.0)):
         v = sp.get(key, unset)
         v = unset if v is None else v
-        require(_is_num(v) and v == v, f"sampling_params.{key} must be a number (got {v!r})")
+        require(isinstance(v, (int, float)) and not isinstance(v, bool) and v == v,
+                f"sampling_params.{key} must be a number (got {v!r})")
         out[key] = float(v)
     require(0.0 <= out["temperature"] < float("inf"), "sampling_params.temperature must be >= 0")
     if out["temperature"] < _SAMPLING_EPS:  # as SGLang: near-zero means greedy (1/T would overflow)

@@ -200,18 +200,13 @@ def build_tiny_model(
     return out
 
 
-def _config_hash(kw: dict[str, Any]) -> str:
-    blob = json.dumps({"builder": _BUILDER_VERSION, **kw}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
 def tiny_model_dir(name: str, **kw: Any) -> Path:
     """Where :func:`ensure_tiny_model` keeps the model ``name`` built with ``kw``."""
     unknown = set(kw) - set(_DEFAULTS)
     if unknown:
         raise TypeError(f"unknown tiny-model option(s): {', '.join(sorted(unknown))}")
-    full = {**_DEFAULTS, **kw}
-    return cache_dir() / "models" / f"{name}-{_config_hash(full)}"
+    blob = json.dumps({"builder": _BUILDER_VERSION, **_DEFAULTS, **kw}, sort_keys=True)  # the cache key
+    return cache_dir() / "models" / f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
 def ensure_tiny_model(name: str, texts_fn: Callable[[], Iterable[str]], **kw: Any) -> Path:

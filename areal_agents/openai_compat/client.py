@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 from areal_agents.openai_compat.schema import APIError, parse_request
@@ -106,18 +107,13 @@ async def _stream(chunks: list[Any]) -> AsyncIterator[Any]:
         yield chunk
 
 
-class _Chat:
-    def __init__(self, session: ChatSession) -> None:
-        self.completions = _Completions(session)
-
-
 class EpisodeClient:
     """What an OpenAI-style agent gets as ``client`` (see the module docstring)."""
 
     def __init__(self, session: ChatSession, *, api_key: str = "",
                  endpoint: Callable[[], Awaitable[str]] | None = None) -> None:
         self.session = session
-        self.chat = _Chat(session)
+        self.chat = SimpleNamespace(completions=_Completions(session))  # client.chat.completions.create
         self.api_key = api_key
         self._endpoint = endpoint
 

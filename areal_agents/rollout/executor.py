@@ -178,7 +178,6 @@ class RolloutExecutor:
                 raise RuntimeError("rollout executor is shut down")
             g = self._new_group_locked(row, None)
             self._pending.append(g)
-            self._ledger.submitted += g.size
         self._kick()
         return g.group_id
 
@@ -342,9 +341,7 @@ class RolloutExecutor:
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"invalid rollout state (missing or malformed {exc})") from None
             for epoch, index, serial in keys:
-                g = self._new_group_locked(self._feeder.row_at((epoch, index)), (epoch, index), serial)
-                self._pending.append(g)
-                self._ledger.submitted += g.size
+                self._pending.append(self._new_group_locked(self._feeder.row_at((epoch, index)), (epoch, index), serial))
 
     # ------------------------------------------------------------------ event-loop side
     async def _aclose(self, grace: float) -> None:
@@ -367,9 +364,11 @@ class RolloutExecutor:
                 log.warning("rollout: on_shutdown hook failed: %s: %s", type(exc).__name__, exc)
 
     def _new_group_locked(self, row: dict[str, Any], key: tuple[int, int] | None, serial: int | None = None) -> Group:
+        """A new group of ``row``, its episodes counted as submitted."""
         if serial is None:
             serial, self._serial = self._serial, self._serial + 1
         seed = (self._seed * 1_000_003 + serial * self._G) % (2**31 - self._G)
+        self._ledger.submitted += self._G
         return Group(serial=serial, group_id=f"{self.name}-{serial}", row=row, size=self._G, seed=seed, key=key)
 
     def _kick(self) -> None:
@@ -398,7 +397,6 @@ class RolloutExecutor:
                     elif len(self._feeder):
                         key, row = self._feeder.next()
                         g = self._new_group_locked(row, key)
-                        self._ledger.submitted += g.size
                     else:
                         break
                     self._start_group_locked(g)
