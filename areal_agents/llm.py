@@ -116,7 +116,7 @@ class LLM(ABC):
     def fork(self) -> LLM:
         """A copy of this handle whose recording goes on separately (e.g. for ``n`` samples of one prompt)."""
         twin = copy.copy(self)
-        twin._rec = copy.deepcopy(self._rec)
+        twin._rec = self._rec.copy()
         for name in ("_finish_reasons", "_messages"):
             setattr(twin, name, list(getattr(self, name)))
         return twin
@@ -304,7 +304,7 @@ class LLM(ABC):
     # -- export -----------------------------------------------------------------------------
     def to_trajectory(self, **fields: Any) -> Trajectory:
         """The recorded tokens as a :class:`~areal_agents.types.Trajectory` (``fields`` override)."""
-        traj = copy.deepcopy(self._rec)
+        traj = self._rec.copy()
         traj.finish_reason = self._finish_reasons[-1] if self._finish_reasons else "stop"
         cut = traj.turn_spans[0][0] if traj.turn_spans else traj.num_tokens
         traj.prompt_text = self.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)

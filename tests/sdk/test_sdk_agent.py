@@ -202,6 +202,29 @@ def test_generate_records_token_level_turns() -> None:
     assert traj.turn_spans == [(3, 5), (6, 8)]
 
 
+def test_a_fork_and_an_export_do_not_share_the_recording() -> None:
+    tok = CharTokenizer()
+    llm = ScriptedLLM(["ab", "cd"], tok, append_eos=False)
+
+    async def main() -> LLM:
+        await llm.generate([5, 6], max_new_tokens=8)
+        twin = llm.fork()
+        await twin.generate(twin.input_ids + [9], max_new_tokens=8)
+        return twin
+
+    twin = asyncio.run(main())
+    assert llm.input_ids == [5, 6, *tok.encode("ab")] and llm.turn_spans == [(2, 4)] and llm.num_generated == 2
+    assert twin.input_ids == [5, 6, *tok.encode("ab"), 9, *tok.encode("cd")] and twin.turn_spans == [(2, 4), (5, 7)]
+    exported = llm.to_trajectory()
+    exported.input_ids.append(0)
+    exported.loss_mask.append(1)
+    exported.turn_spans.append((4, 5))
+    exported.info["note"] = "x"
+    again = llm.to_trajectory()
+    assert again.input_ids == [5, 6, *tok.encode("ab")] and again.loss_mask == [0, 0, 1, 1]
+    assert again.turn_spans == [(2, 4)] and again.info == {}
+
+
 def test_chat_rejects_a_conversation_that_does_not_extend_the_episode() -> None:
     llm = ScriptedLLM(["x", "y"])
 
