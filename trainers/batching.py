@@ -70,16 +70,16 @@ def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
     # token-aligned field of the trajectory: (padding value, dtype)
     fields = {"input_ids": (pad_token_id, torch.long), "loss_mask": (False, torch.bool),
               "logprobs": (0.0, torch.float32), "versions": (-1, torch.long)}
-    out: Batch = {key: torch.full((b, t_max), fill, dtype=dtype) for key, (fill, dtype) in fields.items()}
-    out["attention_mask"] = torch.zeros((b, t_max), dtype=torch.long)
-    out["turn_returns"] = torch.zeros((b, t_max), dtype=torch.float32)
+
+    def padded(rows: Sequence[Sequence[object]], fill: object, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([[*row, *[fill] * (t_max - len(row))] for row in rows], dtype=dtype)  # one call per field
+
+    out: Batch = {key: padded([getattr(tr, key) for tr in trajs], fill, dtype) for key, (fill, dtype) in fields.items()}
+    out["turn_returns"] = padded([_generated_returns(tr, n) for tr, n in zip(trajs, lens, strict=True)], 0.0,
+                                 torch.float32)
+    out["attention_mask"] = (torch.arange(t_max)[None, :] < torch.tensor(lens)[:, None]).long()
     groups: dict[str, int] = {}
     for i, tr in enumerate(trajs):
-        n = lens[i]
-        for key, (_, dtype) in fields.items():
-            out[key][i, :n] = torch.tensor(getattr(tr, key), dtype=dtype)
-        out["attention_mask"][i, :n] = 1
-        out["turn_returns"][i, :n] = torch.tensor(_generated_returns(tr, n), dtype=torch.float32)
         groups.setdefault(tr.group_id or f"__single{i}", len(groups))
     out["versions"][~out["loss_mask"]] = -1
     out["rewards"] = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)

@@ -388,27 +388,28 @@ class TrainEngine:
         state = get_model_state_dict(self.actor.model, options=opts)  # (it adds tied output embeddings)
         return {adapter_key(k): v for k, v in state.items() if is_adapter_key(k)}
 
-    def export_hf(self, out_dir: str | os.PathLike[str], *, merged: bool = False) -> Path:
+    def export_hf(self, out_dir: str | os.PathLike[str], *, merged: bool = False, durable: bool = True) -> Path:
         """Write the policy as a HF model dir (safetensors in ``actor.dtype``, config, tokenizer).
 
         With LoRA: a PEFT adapter dir (``adapter_config.json``, ``adapter_model.safetensors``),
         or with ``merged`` the base model with the adapter folded in, as a plain HF model dir.
         Collective. Rank 0 writes to a temporary sibling and renames it into place, so a reader
-        never sees a half-written directory. Returns ``out_dir``.
+        never sees a half-written directory; ``durable=False`` skips the fsyncs (a weight-sync
+        hand-off, not a result to keep). Returns ``out_dir``.
         """
         out, dtype = Path(out_dir), DTYPES[self.cfg.actor.dtype]
         if self.lora is not None and not merged:
             adapter = self.adapter_state_dict()
             if self.rank == 0:
                 config = adapter_config(self.lora, self.model_path, self.actor.model)
-                write_adapter_dir(adapter, config, self.model_path, out, dtype)
+                write_adapter_dir(adapter, config, self.model_path, out, dtype, durable=durable)
             tdist.barrier()
             return out
         sd = self.full_state_dict()
         if self.lora is not None:
             sd = merge_state(sd, self.lora.alpha / self.lora.rank)
         if self.rank == 0:
-            write_hf_dir(sd, self.hf_config, self.model_path, out, dtype)
+            write_hf_dir(sd, self.hf_config, self.model_path, out, dtype, durable=durable)
         tdist.barrier()
         return out
 

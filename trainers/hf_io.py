@@ -31,10 +31,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def publish_dir(tmp: Path, out: Path) -> Path:
+def publish_dir(tmp: Path, out: Path, *, durable: bool = True) -> Path:
     """Replace ``out`` by the finished directory ``tmp`` (a sibling) so a reader sees the old or
-    the new one whole: every file under ``tmp`` is fsynced, then renamed into place."""
-    for dirpath, _, files in os.walk(tmp):
+    the new one whole: every file under ``tmp`` is fsynced (unless not ``durable``: a hand-off
+    to another process on this machine, which the page cache already serves whole), then
+    renamed into place."""
+    for dirpath, _, files in os.walk(tmp) if durable else ():
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as fh:
                 os.fsync(fh.fileno())
@@ -46,7 +48,8 @@ def publish_dir(tmp: Path, out: Path) -> Path:
     os.rename(tmp, out)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
-    fsync_dir(out.parent)
+    if durable:
+        fsync_dir(out.parent)
     return out
 
 
@@ -59,9 +62,9 @@ def copy_side_files(src_dir: str | os.PathLike[str], dst: Path) -> None:
 
 
 def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | os.PathLike[str],
-                 out_dir: str | os.PathLike[str], dtype: torch.dtype) -> Path:
+                 out_dir: str | os.PathLike[str], dtype: torch.dtype, *, durable: bool = True) -> Path:
     """Write ``state`` as ``model.safetensors`` + ``config.json`` + the tokenizer/generation
-    files of ``src_dir`` into ``out_dir``, atomically (:func:`publish_dir`).
+    files of ``src_dir`` into ``out_dir``, atomically (:func:`publish_dir`, ``durable`` as there).
 
     Tied output embeddings are stored once, as HF does. An existing ``out_dir`` is replaced.
     """
@@ -79,7 +82,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | 
         out_cfg.dtype = dtype
         out_cfg.save_pretrained(tmp)
         copy_side_files(src_dir, tmp)
-        return publish_dir(tmp, out)
+        return publish_dir(tmp, out, durable=durable)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

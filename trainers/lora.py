@@ -83,8 +83,9 @@ def adapter_key(name: str) -> str:
 
 
 def write_adapter_dir(state: dict[str, torch.Tensor], config: dict[str, Any], src_dir: str | os.PathLike[str],
-                      out_dir: str | os.PathLike[str], dtype: torch.dtype) -> Path:
-    """Write a PEFT adapter dir (config, weights, the tokenizer files of ``src_dir``) atomically."""
+                      out_dir: str | os.PathLike[str], dtype: torch.dtype, *, durable: bool = True) -> Path:
+    """Write a PEFT adapter dir (config, weights, the tokenizer files of ``src_dir``) atomically
+    (:func:`~trainers.hf_io.publish_dir`, ``durable`` as there)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -95,7 +96,7 @@ def write_adapter_dir(state: dict[str, torch.Tensor], config: dict[str, Any], sr
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=1))
         copy_side_files(src_dir, tmp)
-        return publish_dir(tmp, out)
+        return publish_dir(tmp, out, durable=durable)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -46,7 +46,7 @@ class Policy(Protocol):
     rank: int
     cfg: Any
 
-    def export_hf(self, out_dir: str | os.PathLike[str]) -> Path: ...
+    def export_hf(self, out_dir: str | os.PathLike[str], *, durable: bool = True) -> Path: ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor]: ...
 
@@ -125,7 +125,7 @@ class DiskWeightSync(WeightSync):
         return self.root / f"v{version:06d}"
 
     def sync(self, engine: Policy, version: int) -> None:
-        path = engine.export_hf(self.path_for(version))  # with LoRA: the adapter dir
+        path = engine.export_hf(self.path_for(version), durable=False)  # with LoRA: the adapter dir
         lora = _lora(engine)
         if engine.rank == 0 and self.addresses:
             update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
