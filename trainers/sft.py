@@ -96,7 +96,9 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     with warmup + cosine decay (with ``stop_at``: warmup, then constant, since the run stops
     at an accuracy rather than a step count), on the FSDP2 engine (``cfg`` gives the actor/trainer
     settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end; with
-    ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``.
+    ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``, and while
+    that value is under half of ``stop_at`` (the flat start of the curve) the next eval comes
+    4 × ``sft.eval_every`` steps later.
     Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir, "stopped_early": bool}``.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -116,6 +118,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     order: list[int] = []
     history: dict[str, Any] = {"loss": [], "evals": [], "stopped_early": False}
     t0 = time.monotonic()
+    next_eval = sft.eval_every
     columns = (TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[acc]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
@@ -131,14 +134,16 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
             metrics = engine.train_batch(batch, sft_loss, temperature=1.0, n_minibatches=1)
             history["loss"].append(metrics["loss"])
             bar.update(task, advance=1, loss=metrics["loss"])
-            if eval_fn is not None and sft.eval_every and (step + 1) % sft.eval_every == 0 and step + 1 < sft.steps:
+            if eval_fn is not None and sft.eval_every and step + 1 == next_eval and step + 1 < sft.steps:
                 result = {"step": step + 1, **eval_fn(engine.model)}
                 history["evals"].append(result)
                 bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
-                if stop_at is not None and next(v for k, v in result.items() if k != "step") >= stop_at:
+                first = next(v for k, v in result.items() if k != "step")
+                if stop_at is not None and first >= stop_at:
                     history["stopped_early"] = True
                     bar.update(task, total=step + 1)
                     break
+                next_eval += sft.eval_every * (4 if stop_at is not None and first < stop_at / 2 else 1)
         if eval_fn is not None and not history["stopped_early"]:
             result = {"step": sft.steps, **eval_fn(engine.model)}
             history["evals"].append(result)

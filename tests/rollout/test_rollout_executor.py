@@ -180,6 +180,22 @@ def test_group_filter_drops_all_equal_groups_and_counts_them():
     assert_invariant(counts)
 
 
+def test_group_filter_gives_way_when_no_group_can_pass():
+    """A policy that never succeeds must not starve the trainer: after 4 x batch_size groups
+    in a row fail the filter, groups are kept (the batch then shows no signal)."""
+    async def episode(row, seed, episode_id):
+        await asyncio.sleep(0)
+        return make_traj(seed, 0.0)
+
+    c = cfg(group_filter="nonzero_std", batch_size=2, group_size=2)
+    with RolloutExecutor(c, episode_fn=episode, rows=ROWS, shuffle=False) as ex:
+        batch = ex.prepare_batch(timeout=20)
+        stats = ex.stats()
+    assert len(batch) == 2 and all(len({t.reward for t in g}) == 1 for g in batch)
+    assert stats["rollout/dropped_groups/filter"] == 4 * c.batch_size
+    assert stats["rollout/signal_groups"] == 0.0
+
+
 def test_state_dict_resumes_dataloader_and_reruns_unconsumed_groups():
     log1: list = []
     c = cfg(max_head_offpolicyness=2, batch_size=2, group_size=2)
