@@ -66,7 +66,7 @@ def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
         if len(tr.input_ids) < 2 or tr.loss_mask[0]:
             raise ValueError(f"trajectory {i}: needs a prompt token before the first generated token")
     lens = [len(t.input_ids) for t in trajs]
-    b, t_max = len(trajs), max(lens)
+    t_max = max(lens)
     # token-aligned field of the trajectory: (padding value, dtype)
     fields = {"input_ids": (pad_token_id, torch.long), "loss_mask": (False, torch.bool),
               "logprobs": (0.0, torch.float32), "versions": (-1, torch.long)}

@@ -295,6 +295,9 @@ def test_explain_config_is_load_config_with_sources(tmp_path):
                 "actor.lr": "override", "inference.backend": "allocation_mode", "inference.num_servers": "allocation_mode",
                 "sglang.tp_size": "allocation_mode", "trainer.nproc": "allocation_mode",
                 "trainer.device": "allocation_mode", **{f"algorithm.{k}": "algorithm rloo" for k in spec}}
+    from envs.math import MathEnv  # the default env's own layer
+
+    expected.update({f"{section}.{k}": "env math" for section, keys in MathEnv.default_config.items() for k in keys})
     assert {k: v for k, v in sources.items() if v != "default"} == expected
     defaults = ExperimentConfig()
     for key, source in sources.items():
