@@ -372,8 +372,10 @@ class SFTConfig(Section):
     warm_start_lr: float = f(1e-3, "Peak learning rate of that warm start.", gt(0))
     warm_start_target: float = f(0.4, "The warm start stops at the first check whose greedy accuracy on the eval rows "
                                       "is >= this; 0 trains all warm_start_steps.", within("[0, 1]"))
-    warm_start_check_every: int = f(5, "Steps between those checks (4x as many while the accuracy is under half "
-                                       "the target).", ge(1))
+    warm_start_check_every: int = f(5, "Steps between those checks.", ge(1))
+    warm_start_far_check_every: int | None = f(None, "Steps between those checks while the accuracy is under half "
+                                                     "the target (None: warm_start_check_every); a curve that jumps "
+                                                     "past the target within fewer steps overshoots it.", ge(1))
     warmup_steps: int = f(30, "Linear warmup steps.")
     eval_every: int = f(200, "Greedy eval every N steps; 0 disables.")
     output_dir: str | None = f(None, "Where to save; None uses the cache dir of the default model.")

@@ -98,7 +98,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end; with
     ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``, and while
     that value is under half of ``stop_at`` (the flat start of the curve) the next eval comes
-    4 × ``sft.eval_every`` steps later.
+    ``sft.warm_start_far_check_every`` steps later (when set).
     Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir, "stopped_early": bool}``.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -143,7 +143,8 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
                     history["stopped_early"] = True
                     bar.update(task, total=step + 1)
                     break
-                next_eval += sft.eval_every * (4 if stop_at is not None and first < stop_at / 2 else 1)
+                far = sft.warm_start_far_check_every if stop_at is not None and first < stop_at / 2 else None
+                next_eval += far or sft.eval_every
         if eval_fn is not None and not history["stopped_early"]:
             result = {"step": sft.steps, **eval_fn(engine.model)}
             history["evals"].append(result)

@@ -79,15 +79,17 @@ def test_sft_learns_text_pairs(chat_model: Path, tmp_path: Path) -> None:
 
 
 def test_warm_start_checks_sparsely_while_far_below_its_target(chat_model: Path, tmp_path: Path) -> None:
-    """Under half the target (the flat start of the SFT curve) the next check comes 4x later;
-    near the target every ``eval_every`` steps, and the first check at the target stops."""
+    """Under half the target (the flat start of the SFT curve) the next check comes
+    ``warm_start_far_check_every`` steps later; near the target every ``eval_every`` steps, and
+    the first check at the target stops."""
     pairs = [(f"say {w} please", f" {w}") for w in ("red", "green")]
     accs = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.6])
 
     def eval_fn(model: torch.nn.Module) -> dict[str, float]:
         return {"acc": next(accs)}
 
-    report = sft_train(chat_model, pairs, SFTConfig(steps=100, batch_size=2, lr=1e-3, warmup_steps=1, eval_every=2),
+    report = sft_train(chat_model, pairs, SFTConfig(steps=100, batch_size=2, lr=1e-3, warmup_steps=1, eval_every=2,
+                                                    warm_start_far_check_every=8),
                        tmp_path / "out", eval_fn=eval_fn, progress=False, stop_at=0.5)
     assert [e["step"] for e in report["evals"]] == [2, 10, 18, 26, 28, 30]
     assert report["stopped_early"] and len(report["loss"]) == 30
