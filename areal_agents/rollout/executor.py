@@ -22,8 +22,8 @@ batch taken at version t started at version ≥ t − η. Each episode runs unde
 - ``dropped`` — ``ok`` episodes discarded with their group: by the group filter
   (``nonzero_std``; after ``4 × batch_size`` groups in a row fail it, as when the policy
   always or never succeeds, groups are kept until one passes again, so that training goes
-  on instead of waiting for a group that may never come), for staleness (with the episodes cancelled for it), or because a
-  sibling failed under ``drop``;
+  on instead of waiting for a group that may never come), for staleness (with the episodes
+  cancelled for it), or because a sibling failed under ``drop``;
   ``rollout/dropped_groups`` counts those groups (by reason under ``rollout/dropped_groups/*``);
 - ``in_flight`` — queued, running, or finished but waiting for the rest of their group.
 """
@@ -104,7 +104,7 @@ class RolloutExecutor:
         self._seed = int(seed)
         self._turn_discount = None if turn_discount is None else check_turn_discount(turn_discount)
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
-        self._filtered_in_a_row, self._filter_patience = 0, 4 * cfg.batch_size
+        self._filtered_in_a_row = 0  # groups the filter dropped since one passed it
         self._on_shutdown = list(on_shutdown)
         self._max_failed_streak = max_failed_streak
         self._G = cfg.group_size
@@ -470,7 +470,7 @@ class RolloutExecutor:
                 t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
             if self._filter is not None and not self._filter(members):
                 self._filtered_in_a_row += 1
-                reason = "filter" if self._filtered_in_a_row <= self._filter_patience else ""
+                reason = "filter" if self._filtered_in_a_row <= 4 * self.cfg.batch_size else ""
             elif self._filter is not None:
                 self._filtered_in_a_row = 0
         self._ledger.resolve(members, reason)
