@@ -12,7 +12,8 @@ batch, all in one process, generation and training taking turns. areal-agents is
 command (``areal-agents run``, embedded server, async rollout), run as a subprocess.
 
 Training time excludes evaluation and start-up on both sides: it is the wall time since the
-first step began minus the time spent in evals. Reported per system, over seeds: samples/s,
+first step began minus the time spent in evals. Reported per system, over seeds: samples/s
+(trained; and generated, which for areal-agents adds the groups its group filter set aside),
 greedy accuracy at 1/2/4/8 minutes, time to first reach 0.80/0.90/0.95 and whether the
 final eval still holds it; mean, min and max. Writes ``benchmarks/results/learning.json``
 and ``learning.png`` (accuracy vs training time).
@@ -158,7 +159,7 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
     subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (workdir / "math" / f"seed{seed}" / "metrics.jsonl").open()]
     origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
-    curve, eval_s, samples, steps = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0
+    curve, eval_s, samples, steps, dropped = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0, 0.0
     phase = {"rollout_wait_s": 0.0, "train_s": 0.0, "sync_s": 0.0}
     for row in rows[1:]:
         if "time/train_s" not in row:  # the final eval row
@@ -166,6 +167,7 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
         eval_s += row.get("time/eval_s", 0.0)
         train_s = row["time/elapsed_s"] - origin - eval_s
         steps, samples = steps + 1, samples + int(row.get("train/n_seqs", 0))
+        dropped = row.get("rollout/dropped_groups", dropped)  # cumulative: groups the filter set aside
         for k in phase:
             phase[k] += row.get(f"time/{k}", 0.0)
         if "eval/accuracy" in row:
@@ -175,7 +177,9 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
     final = rows[-1]
     if curve[-1][0] < train_s and "eval/accuracy" in final and "time/train_s" not in final:
         curve.append([train_s, final["eval/accuracy"]])  # the run's own final eval, at its last step
-    return {"curve": curve, "steps": steps, "samples": samples, "train_s": train_s, "phases_s": phase}
+    generated = samples + int(dropped) * _config(seed).rollout.group_size
+    return {"curve": curve, "steps": steps, "samples": samples, "generated": generated, "train_s": train_s,
+            "phases_s": phase}
 
 
 # ------------------------------------------------------------------------------ analysis
@@ -195,7 +199,8 @@ def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
             return {"mean": None, "min": None, "max": None, "n": 0, "of": len(xs)}
         return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals), "of": len(xs)}
 
-    out: dict[str, Any] = {"samples_per_s": stats([r["samples"] / r["train_s"] for r in runs])}
+    out: dict[str, Any] = {"samples_per_s": stats([r["samples"] / r["train_s"] for r in runs]),
+                           "generated_per_s": stats([r.get("generated", r["samples"]) / r["train_s"] for r in runs])}
     out["accuracy_at_min"] = {str(m): stats([acc_at(r["curve"], m * 60) for r in runs])
                               for m in MARKS_MIN if m * 60 <= budget_s + 1e-9}
     out["time_to_s"] = {}
@@ -265,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                     run = json.loads(proc.stdout.strip().splitlines()[-1])
                 run["seed"] = seed
                 runs[name].append(run)
-                console.print(f"{name:6s} seed {seed}: {run['samples'] / run['train_s']:.0f} samples/s, "
+                console.print(f"{name:6s} seed {seed}: {run['samples'] / run['train_s']:.0f} samples/s trained "
+                              f"({run.get('generated', run['samples']) / run['train_s']:.0f} generated), "
                               f"accuracy {run['curve'][0][1]:.2f} -> {run['curve'][-1][1]:.2f} in "
                               f"{run['train_s']:.0f} s of training ({time.monotonic() - t0:.0f} s wall)")
     summary = {name: summarise(rs, args.budget) for name, rs in runs.items()}

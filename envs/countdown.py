@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
 import operator
 import random
 from collections import Counter
@@ -41,6 +43,29 @@ def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
     return ev(tree.body), used
 
 
+def _value(numbers: tuple[int, ...], ops: tuple[str, ...]) -> int:
+    """``n0 op1 n1 op2 n2 ...`` with ``*`` before ``+``/``-`` (a sum of signed products)."""
+    total, sign, term = 0, 1, numbers[0]
+    for op, x in zip(ops, numbers[1:], strict=True):
+        if op == "*":
+            term *= x
+        else:
+            total, sign, term = total + sign * term, 1 if op == "+" else -1, x
+    return total + sign * term
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_solution(numbers: tuple[int, ...], target: int) -> str | None:
+    """The puzzle's one reference answer: the first expression, numbers in ascending permutation
+    order and operators in ``+ - *`` order, that makes ``target`` (so that the same puzzle always
+    has the same answer, which a model can learn by SFT and a check can match exactly)."""
+    for order in itertools.permutations(sorted(numbers)):
+        for ops in itertools.product("+-*", repeat=len(order) - 1):
+            if _value(order, ops) == target:
+                return str(order[0]) + "".join(op + str(x) for op, x in zip(ops, order[1:], strict=True))
+    return None
+
+
 def _in_test_split(numbers: list[int], target: int) -> bool:
     key = 0
     for n in sorted(numbers) + [target]:
@@ -60,7 +85,7 @@ def countdown_dataset(
     """Seeded puzzles: ``count`` numbers in ``[low, high]`` and a reachable positive integer target.
 
     Rows ``{"prompt": "Use 3 5 7 to make 22.", "numbers", "target", "answer": "3*5+7"}`` where
-    ``answer`` is one solution. A puzzle (numbers + target) belongs to exactly one split.
+    ``answer`` is the puzzle's first solution in a fixed order (the same for the same puzzle). A puzzle (numbers + target) belongs to exactly one split.
     ``size=None`` gives 1000 train / 100 test rows.
     """
     if split not in ("train", "test"):
@@ -76,17 +101,13 @@ def countdown_dataset(
         if attempts > 200 * n + 1000:
             raise ValueError(f"countdown_dataset: cannot make {n} {split} puzzles with these settings")
         numbers = [rng.randint(low, high) for _ in range(count)]
-        order = rng.sample(numbers, count)
-        expr = str(order[0])
-        for x in order[1:]:
-            expr += rng.choice("+-*") + str(x)
-        value, _ = evaluate_expression(expr)
-        if value.denominator != 1 or value <= 0 or _in_test_split(numbers, int(value)) != (split == "test"):
+        order = tuple(rng.sample(numbers, count))
+        target = _value(order, tuple(rng.choice("+-*") for _ in range(count - 1)))
+        if target <= 0 or _in_test_split(numbers, target) != (split == "test"):
             continue
-        target = int(value)
         shown = " ".join(map(str, sorted(numbers)))
         rows.append({"prompt": f"Use {shown} to make {target}.", "numbers": sorted(numbers), "target": target,
-                     "answer": expr})
+                     "answer": _first_solution(tuple(numbers), target)})
     return rows
 
 

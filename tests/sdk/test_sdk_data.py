@@ -16,6 +16,7 @@ from areal_agents.data import (
 )
 from areal_agents.registry import datasets
 from areal_agents.rewards import math_reward
+from envs.countdown import evaluate_expression
 
 
 def test_arithmetic_is_deterministic_and_splits_are_disjoint() -> None:
@@ -135,5 +136,12 @@ def test_builtin_datasets_are_registered_and_seeded() -> None:
     assert train == cd("train", size=200)
     key = lambda r: (tuple(r["numbers"]), r["target"])  # noqa: E731
     assert not {key(r) for r in train} & {key(r) for r in test}
+    # one reference answer per puzzle (learnable by SFT, checkable by exact match), and a right one
+    answers: dict = {}
+    for r in train + test:
+        assert answers.setdefault(key(r), r["answer"]) == r["answer"]
+        value, used = evaluate_expression(r["answer"])
+        assert value == r["target"] and sorted(used) == r["numbers"]
+    assert cd("train", size=3, seed=0)[0]["answer"] == "3+4+8"  # the first solution: ascending order, + before - and *
     gn = datasets.get("guess-number")("train", size=150)
     assert len(gn) == 150 and sorted(r["target"] for r in gn[:100]) == list(range(1, 101))
