@@ -130,7 +130,7 @@ class Engine:
         return fut
 
     def queue_sizes(self) -> tuple[int, int]:
-        return len(self.rows), len(self._waiting)
+        return sum(r.finish is None for r in self.rows), len(self._waiting)
 
     # --------------------------------------------------- commands (decode thread only)
     def abort_where(self, pred: Callable[[GenRequest], bool], message: str) -> int:
@@ -149,7 +149,7 @@ class Engine:
             if req.finish is None and pred(req):
                 self._finish(req, {"type": "abort", "message": message})
                 n += 1
-        self._drop_finished()
+        self._drop_finished(force=True)  # no row may outlive its request (an unloaded adapter, say)
         return n
 
     def set_paused(self, paused: bool) -> None:
@@ -306,7 +306,7 @@ class Engine:
                 logits_to_keep=1,
             )
         self.kv.advance()
-        batch = len(self.rows)
+        batch = sum(r.finish is None for r in self.rows)
         self.metrics["decode_steps"] += 1
         self.metrics["decode_seqs"] += batch
         self.metrics["max_batch"] = max(self.metrics["max_batch"], batch)
@@ -314,7 +314,8 @@ class Engine:
         self._last_tok = torch.tensor(tokens, dtype=torch.long, device=self.device)
         finished = False
         for req, tok, lp, top in zip(self.rows, tokens, lps, tops, strict=True):
-            finished |= self._append(req, tok, lp, top)
+            if req.finish is None:  # a finished row waits, decoded and ignored, for the next compaction
+                finished |= self._append(req, tok, lp, top)
         if finished:
             self._drop_finished()
 
@@ -373,9 +374,15 @@ class Engine:
         if req.done is not None:
             req.done(req)
 
-    def _drop_finished(self) -> None:
+    def _drop_finished(self, force: bool = False) -> None:
+        """Compact the batch: drop the rows of finished requests from it and from the KV cache.
+
+        Compaction copies the whole cache, and every slot it frees costs a prefill forward pass
+        to refill; so unless ``force``, finished rows stay (decoded, their tokens ignored) until
+        they are a quarter of the batch, and then leave together and are refilled in one prefill.
+        """
         keep = [i for i, r in enumerate(self.rows) if r.finish is None]
-        if len(keep) == len(self.rows):
+        if len(keep) == len(self.rows) or (not force and 4 * (len(self.rows) - len(keep)) < len(self.rows)):
             return
         self.rows = [self.rows[i] for i in keep]
         self._last_tok = self._last_tok[keep] if keep else self._last_tok[:0]

@@ -115,3 +115,33 @@ def test_identical_requests_share_one_prefill_row_and_sample_independently(engin
         assert r.output_ids == lone.output_ids
         assert r.logprobs == pytest.approx(lone.logprobs, abs=1e-5)
     assert len({tuple(r.output_ids) for r in sampled}) > 1
+
+
+def test_finished_rows_leave_in_waves_and_change_no_request(engine: Engine) -> None:
+    """A full batch whose requests finish one per step compacts and refills once per wave (a
+    quarter of its rows), not once per finish; every request's tokens and logprobs are still
+    those it gets alone."""
+    def reqs() -> list[GenRequest]:
+        return [GenRequest(rid=f"w{i}", prompt=[3 + i % 7, 4 + i % 5, 9], max_new_tokens=1 + i, temperature=0.0,
+                           ignore_eos=True) for i in range(32)]
+
+    alone = [run_all(engine, [r])[0] for r in reqs()]
+    engine.call(lambda: engine.set_paused(True)).result(10)
+    before = dict(engine.metrics)
+    together = reqs()
+    done = threading.Semaphore(0)
+    for r in together:
+        r.done = lambda _r: done.release()
+        engine.submit(r)
+    engine.call(lambda: engine.set_paused(False)).result(10)
+    for _ in together:
+        assert done.acquire(timeout=60)
+    # 8 admitted at once, then the other 24 refill the slots of finished rows: a prefill per
+    # finish takes 24 prefills here, a wave of two finishes at a time 14
+    assert engine.metrics["prefills"] - before["prefills"] <= 16
+    assert engine.metrics["max_batch"] <= 8
+    for a, t in zip(alone, together, strict=True):
+        assert t.output_ids == a.output_ids and len(t.output_ids) == t.max_new_tokens
+        assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    rows, batch = engine.call(lambda: (list(engine.rows), engine.kv.batch)).result(10)
+    assert rows == [] and batch == 0  # the last wave left the batch empty
