@@ -85,7 +85,8 @@ def countdown_dataset(
     """Seeded puzzles: ``count`` numbers in ``[low, high]`` and a reachable positive integer target.
 
     Rows ``{"prompt": "Use 3 5 7 to make 22.", "numbers", "target", "answer": "3*5+7"}`` where
-    ``answer`` is the puzzle's first solution in a fixed order (the same for the same puzzle). A puzzle (numbers + target) belongs to exactly one split.
+    ``answer`` is the puzzle's first solution in a fixed order (the same for the same puzzle).
+    A puzzle (numbers + target) belongs to exactly one split.
     ``size=None`` gives 1000 train / 100 test rows.
     """
     if split not in ("train", "test"):
