@@ -224,6 +224,8 @@ class InferenceConfig(Section):
     schedule: str = f("round_robin", "Server choice per episode.", one_of("round_robin", "least_loaded"))
     request_timeout: float = f(300.0, "Seconds before one /generate request is retried.", gt(0))
     request_retries: int = f(3, "Retries per request on connection errors and 5xx.", ge(0))
+    batch_window: float = f(0.002, "Seconds a /generate request waits for others bound to the same server (a "
+                            "group's samples) to share one batched POST; 0 sends each request alone.", ge(0))
     setup_timeout: float = f(120.0, "Seconds to wait for servers to become healthy.")
     max_batch_size: int = f(64, "Embedded server: maximum sequences decoded together.", ge(1))
     device: str = f("cpu", "Embedded server device (cpu or cuda).")

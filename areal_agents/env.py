@@ -10,6 +10,7 @@ without it, evaluation counts an episode as solved when its return is positive.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import inspect
@@ -48,18 +49,20 @@ class _ElasticThreads:
     A call that never returns parks only the thread running it; the next call gets another
     thread, so hung env calls can neither starve the others nor hold up shutdown (daemon
     threads). Reuse saves a thread start per env call (under GIL pressure, starting a thread
-    stalls the event loop that asked for it). Idle threads leave after ``idle_s`` seconds
-    (a run's env calls come in steady bursts; a finished one leaves no thread for long).
+    stalls the event loop that asked for it). Idle threads are reused in turn, the longest idle
+    first, so that under steady load none sits idle long enough to leave, and the next burst
+    of env calls finds the threads the last one started; a thread idle for ``idle_s`` seconds
+    leaves.
     """
 
     def __init__(self, idle_s: float = 1.0) -> None:
         self.idle_s = idle_s
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []  # inboxes of waiting threads
+        self._idle: collections.deque[queue.SimpleQueue[Callable[[], None]]] = collections.deque()  # their inboxes
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
-            inbox = self._idle.pop() if self._idle else None
+            inbox = self._idle.popleft() if self._idle else None
         if inbox is None:
             threading.Thread(target=self._work, args=(job,), name="env-call", daemon=True).start()
         else:

@@ -29,7 +29,8 @@ def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: 
     training time can be told from eval time)."""
 
     async def go() -> dict[str, Any]:
-        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path)
+        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path,
+                                 batch_window=cfg.inference.batch_window)
         try:
             return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
                                   progress=progress)

@@ -131,7 +131,8 @@ class _Rank0:
         """Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
         client = InferenceClient(addresses, schedule=cfg.inference.schedule, timeout=cfg.inference.request_timeout,
-                                 retries=cfg.inference.request_retries, lora_path=cfg.actor.lora.served)
+                                 retries=cfg.inference.request_retries, lora_path=cfg.actor.lora.served,
+                                 batch_window=cfg.inference.batch_window)
         executor = RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
                                                                             sampling=sampling_params(cfg)),
                                    rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,

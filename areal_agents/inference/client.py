@@ -9,7 +9,11 @@ One :class:`InferenceClient` spreads ``/generate`` calls over several servers:
   one, and it is probed with ``GET /health`` before it comes back;
 * **interruptible generation** — a reply with ``finish_reason.type == "abort"`` (a weight
   update interrupted it) is resumed from prompt + partial output with the remaining token
-  budget; output ids, logprobs and the weight version of every token are concatenated.
+  budget; output ids, logprobs and the weight version of every token are concatenated;
+* **request batching** — requests bound for one server within ``batch_window`` seconds of
+  each other (a group's samples, say) travel in one batched ``/generate`` POST, which both
+  sides parse once instead of once per request. A batch a server refuses with a 4xx is
+  re-sent one request at a time, so only a bad request fails.
 
 aiohttp sessions are bound to an event loop, so the client keeps one session per loop.
 """
@@ -38,12 +42,57 @@ class _Retryable(Exception):
     """A failure worth retrying on another server (connection, timeout, 5xx)."""
 
 
+class _Refused(InferenceError):
+    """The server refused the request (HTTP 4xx): retrying it unchanged cannot help."""
+
+
 def normalize_address(addr: str) -> str:
     """``host:port`` or ``http://host:port/`` -> ``http://host:port``."""
     addr = addr.strip().rstrip("/")
     if not addr:
         raise ValueError("empty server address")
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+@dataclass(eq=False)
+class _Post:
+    members: list[_Waiting]
+    task: asyncio.Future[None]
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """One request in a batch: its payload, the future of its reply, the POST that carries it."""
+
+    payload: dict[str, Any]
+    reply: asyncio.Future[Any]
+    post: _Post | None = None
+    cancelled: bool = False
+
+
+def _settle(members: list[_Waiting], outcome: Any) -> None:
+    for w in members:
+        if w.reply.done():
+            continue
+        if isinstance(outcome, BaseException):
+            w.reply.set_exception(outcome)
+        else:
+            w.reply.set_result(outcome)
+
+
+_BATCH_DEFAULTS: dict[str, Any] = {"return_logprob": False, "top_logprobs_num": 0, "lora_path": None,
+                                   "logprob_start_len": -1}
+
+
+def _batched(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One batched ``/generate`` body: ``input_ids`` and ``sampling_params`` as lists, every
+    other field one value when the requests agree on it, else a list (one per request)."""
+    body: dict[str, Any] = {"input_ids": [p["input_ids"] for p in payloads],
+                            "sampling_params": [p["sampling_params"] for p in payloads]}
+    for key in sorted({k for p in payloads for k in p} - {"input_ids", "sampling_params"}):
+        values = [p.get(key, _BATCH_DEFAULTS.get(key)) for p in payloads]
+        body[key] = values[0] if all(v == values[0] for v in values) else values
+    return body
 
 
 @dataclass(eq=False)
@@ -61,6 +110,8 @@ class InferenceClient:
     max_resumes: int = 1000
     max_empty_aborts: int = 20
     lora_path: str | None = None
+    batch_window: float = 0.002
+    max_batch: int = 64
 
     def __post_init__(self) -> None:
         if not self.addresses:
@@ -74,7 +125,8 @@ class InferenceClient:
         self._rr = itertools.cycle(range(len(self.urls)))
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
-        self.stats = {"requests": 0, "retries": 0, "resumes": 0, "failovers": 0}
+        self.stats = {"requests": 0, "retries": 0, "resumes": 0, "failovers": 0, "posts": 0}
+        self._pending: dict[tuple[asyncio.AbstractEventLoop, int], list[_Waiting]] = {}
 
     # ------------------------------------------------------------------ sessions
     def _session(self) -> aiohttp.ClientSession:
@@ -145,7 +197,66 @@ class InferenceClient:
 
     # ------------------------------------------------------------------ requests
     async def _post_once(self, idx: int, payload: dict[str, Any]) -> Any:
+        """The reply to ``payload`` from server ``idx``: sent alone, or batched with the
+        requests that arrive for that server within ``batch_window`` seconds."""
+        if self.batch_window <= 0:
+            return await self._send(idx, payload)
+        loop = asyncio.get_running_loop()
+        key = (loop, idx)
+        batch = self._pending.get(key)
+        if batch is None:
+            batch = self._pending[key] = []
+            loop.call_later(self.batch_window, self._flush, key, batch)
+        waiting = _Waiting(payload, loop.create_future())
+        batch.append(waiting)
+        if len(batch) >= self.max_batch:
+            self._flush(key, batch)
+        try:
+            return await waiting.reply
+        except asyncio.CancelledError:
+            waiting.cancelled = True  # its batch goes on for the others; a batch nobody waits for is cancelled
+            if waiting.post is not None and all(w.cancelled for w in waiting.post.members):
+                waiting.post.task.cancel()
+            raise
+
+    def _flush(self, key: tuple[asyncio.AbstractEventLoop, int], batch: list[_Waiting]) -> None:
+        if self._pending.get(key) is batch:
+            del self._pending[key]
+        members = [w for w in batch if not w.cancelled and w.post is None]
+        if members:
+            post = _Post(members, asyncio.ensure_future(self._send_batch(key[1], members)))
+            for w in members:
+                w.post = post
+
+    async def _send_batch(self, idx: int, members: list[_Waiting]) -> None:
+        try:
+            if len(members) == 1:
+                replies = [await self._send(idx, members[0].payload)]
+            else:
+                replies = await self._send(idx, _batched([w.payload for w in members]))
+                if not isinstance(replies, list) or len(replies) != len(members):
+                    raise InferenceError(f"{self.urls[idx]}: a batch of {len(members)} requests got "
+                                         f"{type(replies).__name__} {str(replies)[:100]!r}, not a list of replies")
+        except InferenceError as exc:
+            if len(members) == 1 or not isinstance(exc, _Refused):
+                return _settle(members, exc)
+            # a 4xx names one bad request at most: send each alone so that only it fails
+            singles = await asyncio.gather(*(self._send(idx, w.payload) for w in members), return_exceptions=True)
+            for w, reply in zip(members, singles, strict=True):
+                _settle([w], reply)
+            return None
+        except BaseException as exc:  # noqa: BLE001 - retryable errors and cancellation reach every member
+            _settle(members, exc if isinstance(exc, Exception) else _Retryable(f"batch cancelled: {exc!r}"))
+            if not isinstance(exc, Exception):
+                raise
+            return None
+        for w, reply in zip(members, replies, strict=True):
+            _settle([w], reply)
+        return None
+
+    async def _send(self, idx: int, payload: dict[str, Any]) -> Any:
         url = self.urls[idx] + "/generate"
+        self.stats["posts"] += 1
         async with self._session().post(url, json=payload) as resp:
             if resp.status >= 500:
                 raise _Retryable(f"{url}: HTTP {resp.status}")
@@ -155,7 +266,7 @@ class InferenceClient:
                 raise InferenceError(f"{url}: reply is not JSON (HTTP {resp.status})") from None
             if resp.status != 200:
                 msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
-                raise InferenceError(f"{url}: HTTP {resp.status}: {msg or str(body)[:200]}")
+                raise _Refused(f"{url}: HTTP {resp.status}: {msg or str(body)[:200]}")
             return body
 
     async def _post(self, payload: dict[str, Any], rid: str | None) -> tuple[Any, str]:

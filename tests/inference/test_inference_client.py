@@ -85,6 +85,50 @@ def test_client_llm_records_tokens(pair: ServerGroup, models: tuple[Path, Path])
     assert llm.versions.count(0) == 8 and all(lp <= 0 for lp in llm.logprobs)
 
 
+def test_concurrent_requests_share_batched_posts_with_the_same_results(pair: ServerGroup) -> None:
+    """Requests bound for one server within the batch window travel in one POST; each gets
+    the reply it gets alone (greedy decoding, per-request token budgets)."""
+    prompts = [[1, 2, 3 + i] for i in range(12)]
+
+    async def together(client: InferenceClient) -> list[Generation]:
+        return await asyncio.gather(*(client.generate(p, {"max_new_tokens": 2 + i % 5, "temperature": 0.0})
+                                      for i, p in enumerate(prompts)))  # fmt: skip
+
+    batched = InferenceClient(pair.addresses[:1])
+    alone = InferenceClient(pair.addresses[:1], batch_window=0)
+    got, want = run(together, batched), run(together, alone)
+    assert batched.stats["requests"] == 12 and batched.stats["posts"] <= 2
+    assert alone.stats["posts"] == 12
+    assert [g.output_ids for g in got] == [g.output_ids for g in want]
+    assert [len(g.output_ids) for g in got] == [2 + i % 5 for i in range(12)]
+    assert all(g.logprobs == pytest.approx(w.logprobs, abs=1e-4) for g, w in zip(got, want, strict=True))
+
+
+def test_a_bad_request_fails_alone_and_a_cancelled_one_leaves_its_batch_going(pair: ServerGroup) -> None:
+    """The server refuses a batch holding a too-long prompt (HTTP 400): the client re-sends its
+    requests one at a time, so only the bad one fails. A request cancelled while its batch is
+    on the way ends alone; the others get their replies."""
+
+    async def main(client: InferenceClient) -> tuple[list[Any], list[Any]]:
+        good = [client.generate([1, 2, i + 3], SAMPLING) for i in range(3)]
+        bad = client.generate([1] * 2000, SAMPLING)  # the tiny model has 1,024 positions
+        first = await asyncio.gather(*good, bad, return_exceptions=True)
+        tasks = [asyncio.ensure_future(client.generate([1, 2, i + 3], {"max_new_tokens": 200, "ignore_eos": True}))
+                 for i in range(3)]
+        await asyncio.sleep(0.1)  # the batch is on its way
+        tasks[1].cancel()
+        second = await asyncio.gather(*tasks, return_exceptions=True)
+        return first, second
+
+    client = InferenceClient(pair.addresses[:1])
+    first, second = run(main, client)
+    assert [len(g.output_ids) for g in first[:3]] == [4, 4, 4]
+    assert isinstance(first[3], InferenceError) and "context length" in str(first[3])
+    assert client.stats["posts"] == 1 + 4 + 1  # the refused batch, each request alone, then one batch
+    assert isinstance(second[1], asyncio.CancelledError)
+    assert [len(second[i].output_ids) for i in (0, 2)] == [200, 200]
+
+
 N_NEW = 1000  # within the tiny model's 1,024 positions
 
 
@@ -182,7 +226,7 @@ def test_one_5xx_from_the_only_server_waits_for_its_reprobe_instead_of_failing(
     they wait for the ``/health`` re-probe."""
     addr, replies, hits = faulty
     replies.extend([(503, b"{}"), (200, GOOD)])
-    client = InferenceClient([addr], reprobe_after=1.0)
+    client = InferenceClient([addr], reprobe_after=1.0, batch_window=0)  # one POST per request (counted)
 
     async def main(c: InferenceClient) -> list[Generation]:
         first = asyncio.ensure_future(c.generate([1], SAMPLING))
