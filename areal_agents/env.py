@@ -207,11 +207,14 @@ class Env(gymnasium.Env):
         A failed reward counts as 0.0."""
         from areal_agents.rewards import get_default_runner
 
-        result = get_default_runner().compute(reward, completion, row)
-        info: dict[str, Any] = {"reward_status": result.status}
-        if not result.ok:
-            info["reward_error"] = result.error
-        return result.value, info
+        return _reward_outcome(get_default_runner().compute(reward, completion, row))
+
+    async def acompute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """:meth:`compute_reward` for natively async envs (``astep`` / ``aplay_turn``): the
+        worker's reply is awaited in the event loop, not on a thread."""
+        from areal_agents.rewards import get_default_runner
+
+        return _reward_outcome(await get_default_runner().acompute(reward, completion, row))
 
     def resolve_row(self, options: dict[str, Any] | None, required: tuple[str, ...] = ()) -> dict[str, Any]:
         """A copy of the ``reset`` options row (or :meth:`sample_row`), checked for ``required`` fields."""
@@ -237,6 +240,13 @@ class Env(gymnasium.Env):
             cache = factory("train", **kwargs)
             type(self)._sample_rows = cache  # type: ignore[attr-defined]
         return dict(cache[int(self.np_random.integers(len(cache)))])
+
+
+def _reward_outcome(result: Any) -> tuple[float, dict[str, Any]]:
+    info: dict[str, Any] = {"reward_status": result.status}
+    if not result.ok:
+        info["reward_error"] = result.error
+    return result.value, info
 
 
 class TurnLimitedEnv(Env):
@@ -275,10 +285,35 @@ class TurnLimitedEnv(Env):
         raise NotImplementedError(f"{type(self).__name__}.play_turn is not implemented")
 
     def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        row = self._next_turn()
+        return self._end_turn(*self.play_turn(action, row))
+
+    async def aplay_turn(self, action: str, row: dict[str, Any]) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """:meth:`play_turn` for the event loop: on a worker thread, unless a subclass whose
+        turn waits only on asyncio (e.g. :meth:`acompute_reward`) overrides this."""
+        return await run_in_thread(self.play_turn, action, row)
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        if type(self).reset is TurnLimitedEnv.reset and type(self).start is TurnLimitedEnv.start:
+            return self.reset(seed=seed, options=options)  # a row check and its prompt: nothing to wait for
+        return await super().areset(seed=seed, options=options)
+
+    async def astep(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        if type(self).step is not TurnLimitedEnv.step:  # a subclass's own step runs as it was written
+            return await super().astep(action)
+        row = self._next_turn()
+        return self._end_turn(*await self.aplay_turn(action, row))
+
+    def _next_turn(self) -> dict[str, Any]:
         if self.row is None or self.done:
             raise RuntimeError(f"{type(self).__name__}.step called before reset() or after the episode ended")
         self.turn += 1
-        obs, reward, terminated, turn_info = self.play_turn(action, self.row)
+        return self.row
+
+    def _end_turn(self, obs: Observation, reward: float, terminated: bool,
+                  turn_info: dict[str, Any]) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         info: dict[str, Any] = {"turns": self.turn, "success": False, **turn_info}
         truncated = not terminated and self.turn >= self.max_turns
         self.done = terminated or truncated

@@ -206,23 +206,59 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             self.stats[result.status] = self.stats.get(result.status, 0) + 1
         return result
 
-    def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
-        """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
-        t0 = time.monotonic()
+    def _job(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> tuple[str, Any, bytes | None, str]:
+        """``(label, function, pickled job, error)``: the call as a worker receives it, or why it cannot be sent."""
         label = f"reward {fn if isinstance(fn, str) else getattr(fn, '__name__', 'function')!r}"
         try:
             from areal_agents.config_loader import user_files
 
             resolved = resolve_reward(fn)
             files = {**user_files(), **main_script_file(resolved)}
-            job = pickle.dumps((files, pickle.dumps((resolved, completion, dict(row or {})))))
+            return label, resolved, pickle.dumps((files, pickle.dumps((resolved, completion, dict(row or {}))))), ""
         except Exception as exc:  # noqa: BLE001
-            return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
+            return label, None, None, f"{label}: cannot send the call to a worker: {exc}"
+
+    def _take_idle(self) -> Worker | None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardRunner is closed")
+            return self._idle.pop() if self._idle else None
+
+    def _give_back(self, worker: Worker) -> None:
+        with self._lock:
+            if self._closed:
+                worker.stop()
+            else:
+                self._idle.append(worker)
+
+    def _timed_out(self, worker: Worker, label: str, resolved: Any, t0: float) -> RewardResult:
+        worker.kill()
+        from areal_agents.failures import function_location
+
+        where = function_location(resolved)
+        return self._count(RewardResult(0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
+                                        + (f" ({where})" if where else ""), time.monotonic() - t0))
+
+    def _died(self, worker: Worker, label: str, t0: float) -> RewardResult:
+        code = worker.exit_code()
+        worker.kill()
+        return self._count(RewardResult(0.0, "reward_error", f"{label} ended its worker process (exit code {code})",
+                                        time.monotonic() - t0))
+
+    def _outcome(self, ok: bool, value: Any, label: str, t0: float) -> RewardResult:
+        dt = time.monotonic() - t0
+        if ok:
+            return self._count(RewardResult(float(value), "ok", "", dt))
+        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
+
+    def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
+        """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
+        t0 = time.monotonic()
+        label, resolved, job, error = self._job(fn, completion, row)
+        if job is None:
+            return self._count(RewardResult(0.0, "reward_error", error))
         with self._slots:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("RewardRunner is closed")
-                worker = self._idle.pop() if self._idle else None
+            worker = self._take_idle()
             if worker is None or not worker.alive():
                 if worker is not None:
                     worker.kill()
@@ -233,34 +269,61 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             try:
                 worker.conn.send_bytes(job)
                 if not worker.conn.poll(self.timeout):
-                    worker.kill()
-                    from areal_agents.failures import function_location
-
-                    where = function_location(resolved)
-                    return self._count(RewardResult(
-                        0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
-                        + (f" ({where})" if where else ""), time.monotonic() - t0))
+                    return self._timed_out(worker, label, resolved, t0)
                 ok, value = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError):
-                code = worker.exit_code()
-                worker.kill()
-                return self._count(RewardResult(
-                    0.0, "reward_error", f"{label} ended its worker process (exit code {code})", time.monotonic() - t0))
-            with self._lock:
-                if self._closed:
-                    worker.stop()
-                else:
-                    self._idle.append(worker)
-        dt = time.monotonic() - t0
-        if ok:
-            return self._count(RewardResult(float(value), "ok", "", dt))
-        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
+                return self._died(worker, label, t0)
+            self._give_back(worker)
+        return self._outcome(ok, value, label, t0)
 
     __call__ = compute
 
     async def acompute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
-        """:meth:`compute` in a thread, for asyncio callers."""
-        return await asyncio.to_thread(self.compute, fn, completion, row)
+        """:meth:`compute` for asyncio callers. With a started worker free, the call waits on
+        the worker's socket in the event loop (no thread hand-off); otherwise (every worker
+        busy, or one must start) :meth:`compute` runs in a thread."""
+        worker = self._free_worker()
+        if worker is None:
+            return await asyncio.to_thread(self.compute, fn, completion, row)
+        try:
+            return await self._acall(worker, fn, completion, row)
+        except asyncio.CancelledError:  # its reply may still come: the worker cannot serve another call
+            worker.kill()
+            raise
+        finally:
+            self._slots.release()
+
+    def _free_worker(self) -> Worker | None:
+        """A started idle worker, with its slot taken; None when there is none."""
+        if not self._slots.acquire(blocking=False):
+            return None
+        try:
+            worker = self._take_idle()
+        except RuntimeError:
+            self._slots.release()
+            raise
+        if worker is not None and worker.alive():
+            return worker
+        if worker is not None:
+            worker.kill()
+        self._slots.release()
+        return None
+
+    async def _acall(self, worker: Worker, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> RewardResult:
+        t0 = time.monotonic()
+        label, resolved, job, error = self._job(fn, completion, row)
+        if job is None:
+            self._give_back(worker)
+            return self._count(RewardResult(0.0, "reward_error", error))
+        try:
+            worker.conn.send_bytes(job)
+            if not await _readable(worker.conn.fileno(), self.timeout):
+                return self._timed_out(worker, label, resolved, t0)
+            ok, value = worker.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            return self._died(worker, label, t0)
+        self._give_back(worker)
+        return self._outcome(ok, value, label, t0)
 
     def close(self) -> None:
         """Stop every worker; further calls raise."""
@@ -272,6 +335,20 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _readable(fd: int, timeout: float) -> bool:
+    """Wait in the event loop until ``fd`` has data; False after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: None if ready.done() else ready.set_result(None))
+    try:
+        await asyncio.wait_for(ready, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
 
 
 _default: RewardRunner | None = None

@@ -36,9 +36,17 @@ class MathEnv(TurnLimitedEnv):
         self.reward = reward
 
     def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
-        reward, info = self.compute_reward(self.reward, action, row)
-        info["success"] = reward >= 1.0
-        return "", reward, True, info
+        return _scored(*self.compute_reward(self.reward, action, row))
+
+    async def aplay_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
+        if type(self).play_turn is not MathEnv.play_turn:  # a subclass's turn runs as it was written
+            return await super().aplay_turn(action, row)
+        return _scored(*await self.acompute_reward(self.reward, action, row))
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         return str(row["answer"])
+
+
+def _scored(reward: float, info: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
+    info["success"] = reward >= 1.0
+    return "", reward, True, info

@@ -57,6 +57,48 @@ def test_math_env_rows_and_wrong_answers() -> None:
         env.reset(options={"prompt": "q"})
 
 
+def test_math_env_plays_on_the_event_loop_with_the_sync_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``math``'s ``areset``/``astep`` need no worker thread (its reward is awaited in the event
+    loop) and give what ``reset``/``step`` give; an env whose turn is its own code (a
+    subclass's ``play_turn``, ``math-multiturn``) still runs it, on a thread."""
+    from areal_agents import env as env_module
+    from envs.math import MathEnv
+
+    hops: list[str] = []
+    submit = env_module._THREADS.submit
+    monkeypatch.setattr(env_module._THREADS, "submit", lambda job: (hops.append("thread"), submit(job)))
+    rows = [{"prompt": "7+5=", "answer": "12"}, {"prompt": "q", "answer": "#### 12"}, {"prompt": "1+1=", "answer": "2"}]
+    replies = ["13", "so \\boxed{12}", "2"]
+
+    async def play(env: Env) -> list[tuple]:
+        out = []
+        for row, reply in zip(rows, replies, strict=True):
+            out.append((await env.areset(options=row), await env.astep(reply)))
+        with pytest.raises(RuntimeError, match="after the episode ended"):
+            await env.astep("12")
+        return out
+
+    sync_env = make_env("math")
+    want = [(sync_env.reset(options=r), sync_env.step(a)) for r, a in zip(rows, replies, strict=True)]
+    assert asyncio.run(play(make_env("math"))) == want and hops == []
+    assert [w[1][1] for w in want] == [0.0, 1.0, 1.0]
+
+    class Halved(MathEnv):
+        def play_turn(self, action, row):
+            obs, reward, terminated, info = super().play_turn(action, row)
+            return obs, reward / 2, terminated, info
+
+    assert [o[1][1] for o in asyncio.run(play(Halved()))] == [0.0, 0.5, 0.5] and hops == ["thread"] * 3
+    hops.clear()
+    multi = make_env("math-multiturn", max_turns=2)
+
+    async def retry() -> tuple:
+        await multi.areset(options=rows[0])
+        return await multi.astep("13")
+
+    assert asyncio.run(retry())[:4] == ("Wrong, try again.", 0.0, False, False) and hops == ["thread"]
+
+
 def test_math_multiturn_retries_with_feedback_and_discount() -> None:
     env = make_env("math-multiturn", max_turns=3)
     row = {"prompt": "2+2=", "answer": "4"}

@@ -167,6 +167,36 @@ def test_acompute_from_asyncio() -> None:
     assert asyncio.run(main()) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
+def test_acompute_waits_in_the_event_loop_times_out_and_survives_cancellation() -> None:
+    """With a started worker free, ``acompute`` waits on its socket in the event loop (no
+    thread); a hang times out and its worker is replaced; a cancelled call's worker, whose
+    reply may still come, is killed, so the next call cannot read a stale reply."""
+    import asyncio
+
+    async def main() -> None:
+        with RewardRunner(timeout=1.0, max_workers=1) as runner:
+            assert (await runner.acompute(length_reward, "warm")).value == 4.0  # starts the worker (thread)
+            threads = threading.active_count()
+            first = runner._idle[0]
+            assert (await runner.acompute(length_reward, "abc")).value == 3.0
+            assert threading.active_count() == threads and runner._idle == [first]  # same worker, no thread
+            t0 = time.monotonic()
+            hung = await runner.acompute(hang_reward, "x")
+            assert hung.status == "timeout" and 0.9 < time.monotonic() - t0 < 5.0 and not first.alive()
+            assert (await runner.acompute(length_reward, "ab")).value == 2.0  # a fresh worker
+            second = runner._idle[0]
+            task = asyncio.ensure_future(runner.acompute(sleep_reward, "x", {"seconds": 0.5}))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not second.alive() and runner._idle == []
+            assert (await runner.acompute(length_reward, "abcde")).value == 5.0
+            assert runner.stats == {"ok": 4, "reward_error": 0, "timeout": 1}
+
+    asyncio.run(main())
+
+
 def test_default_runner_is_set_inside_then_restored_and_closed() -> None:
     from areal_agents.rewards import get_default_runner
 
