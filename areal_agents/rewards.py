@@ -245,18 +245,17 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         return self._count(RewardResult(0.0, "reward_error", f"{label} ended its worker process (exit code {code})",
                                         time.monotonic() - t0))
 
-    def _outcome(self, ok: bool, value: Any, label: str, t0: float) -> RewardResult:
-        dt = time.monotonic() - t0
-        if ok:
-            return self._count(RewardResult(float(value), "ok", "", dt))
-        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
-
     def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
         """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
         t0 = time.monotonic()
         label, resolved, job, error = self._job(fn, completion, row)
         if job is None:
             return self._count(RewardResult(0.0, "reward_error", error))
+        return self._run_job(label, resolved, job, t0)
+
+    __call__ = compute
+
+    def _run_job(self, label: str, resolved: Any, job: bytes, t0: float) -> RewardResult:
         with self._slots:
             worker = self._take_idle()
             if worker is None or not worker.alive():
@@ -268,25 +267,43 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
                                                     f"(exit code {worker.exit_code()})", time.monotonic() - t0))
             try:
                 worker.conn.send_bytes(job)
-                if not worker.conn.poll(self.timeout):
-                    return self._timed_out(worker, label, resolved, t0)
-                ok, value = worker.conn.recv()
+                answered = worker.conn.poll(self.timeout)
             except (EOFError, OSError, BrokenPipeError):
                 return self._died(worker, label, t0)
-            self._give_back(worker)
-        return self._outcome(ok, value, label, t0)
+            return self._reply(worker, answered, label, resolved, t0)
 
-    __call__ = compute
+    def _reply(self, worker: Worker, answered: bool, label: str, resolved: Any, t0: float) -> RewardResult:
+        """The result of a call sent to ``worker``, once its reply came (``answered``) or the timeout passed."""
+        if not answered:
+            return self._timed_out(worker, label, resolved, t0)
+        try:
+            ok, value = worker.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            return self._died(worker, label, t0)
+        self._give_back(worker)
+        dt = time.monotonic() - t0
+        if ok:
+            return self._count(RewardResult(float(value), "ok", "", dt))
+        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
 
     async def acompute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
         """:meth:`compute` for asyncio callers. With a started worker free, the call waits on
         the worker's socket in the event loop (no thread hand-off); otherwise (every worker
-        busy, or one must start) :meth:`compute` runs in a thread."""
+        busy, or one must start) it runs in a thread."""
+        t0 = time.monotonic()
+        label, resolved, job, error = self._job(fn, completion, row)
+        if job is None:
+            return self._count(RewardResult(0.0, "reward_error", error))
         worker = self._free_worker()
         if worker is None:
-            return await asyncio.to_thread(self.compute, fn, completion, row)
+            return await asyncio.to_thread(self._run_job, label, resolved, job, t0)
         try:
-            return await self._acall(worker, fn, completion, row)
+            try:
+                worker.conn.send_bytes(job)
+                answered = await _readable(worker.conn.fileno(), self.timeout)
+            except (EOFError, OSError, BrokenPipeError):
+                return self._died(worker, label, t0)
+            return self._reply(worker, answered, label, resolved, t0)
         except asyncio.CancelledError:  # its reply may still come: the worker cannot serve another call
             worker.kill()
             raise
@@ -308,22 +325,6 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             worker.kill()
         self._slots.release()
         return None
-
-    async def _acall(self, worker: Worker, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> RewardResult:
-        t0 = time.monotonic()
-        label, resolved, job, error = self._job(fn, completion, row)
-        if job is None:
-            self._give_back(worker)
-            return self._count(RewardResult(0.0, "reward_error", error))
-        try:
-            worker.conn.send_bytes(job)
-            if not await _readable(worker.conn.fileno(), self.timeout):
-                return self._timed_out(worker, label, resolved, t0)
-            ok, value = worker.conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
-            return self._died(worker, label, t0)
-        self._give_back(worker)
-        return self._outcome(ok, value, label, t0)
 
     def close(self) -> None:
         """Stop every worker; further calls raise."""
