@@ -254,6 +254,8 @@ class RolloutConfig(Section):
     reward_timeout: float = f(10.0, "Seconds one reward call may take.", gt(0))
     reward_workers: int | None = f(None, "Reward worker processes (calls run at once); None = one per CPU core, "
                                          "at most 8.", ge(1))
+    process: bool = f(True, "Run episodes in a process of their own, so that the trainer never waits on their "
+                            "Python; false: on a thread of the trainer's rank 0.")
     output_path: str | None = f(None, "mode=rollout: JSONL file to write (default: run dir).")
     num_episodes: int = f(256, "mode=rollout: number of episodes to write.")
     no_signal_warn_steps: int = f(5, "Warn once when every group's rewards are equal for this many steps in a "

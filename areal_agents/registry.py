@@ -97,6 +97,10 @@ class Registry:
 
         return deco
 
+    def entries(self) -> dict[str, tuple[Any, str]]:
+        """Every registration as ``name -> (object or "module:attr", where it was defined)``."""
+        return {name: (obj, self._where[name]) for name, obj in self._entries.items()}
+
     def remove(self, name: str) -> None:
         self._entries.pop(name, None)
         self._where.pop(name, None)

@@ -27,13 +27,12 @@ import torch
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
-from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight
 from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor
-from areal_agents.rollout.episode import build_episode_fn, sampling_params
+from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import collate, load_trajectories
@@ -120,7 +119,7 @@ class _Rank0:
     do nothing, so the loop in :func:`run` reads the same on every rank."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
-                 addresses: list[str] | None = None, executor: RolloutExecutor | None = None) -> None:
+                 addresses: list[str] | None = None, executor: RolloutExecutor | RolloutProcess | None = None) -> None:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
         self.addresses, self.executor = addresses or [], executor
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
@@ -130,20 +129,14 @@ class _Rank0:
                       display: RunDisplay, logger: MetricsLogger | None) -> _Rank0:
         """Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
-        client = InferenceClient(addresses, schedule=cfg.inference.schedule, timeout=cfg.inference.request_timeout,
-                                 retries=cfg.inference.request_retries, lora_path=cfg.actor.lora.served,
-                                 batch_window=cfg.inference.batch_window)
-        executor = RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
-                                                                            sampling=sampling_params(cfg)),
-                                   rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
-                                   on_shutdown=[client.aclose])
+        executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
         stack.callback(executor.shutdown)
         return cls(cfg, tokenizer, display, logger, addresses, executor)
 
     def rollout_only(self, run_dir: Path) -> dict[str, Any]:
         """``mode=rollout``: write trajectories, no trainer."""
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
-        if self.executor is not None:
+        if isinstance(self.executor, RolloutExecutor):
             out = self.cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
             summary.update(write_rollouts(self.executor, self.cfg.rollout.num_episodes, out,
                                           progress=self.cfg.logging.progress), **self.executor.stats())
@@ -198,6 +191,20 @@ class _Rank0:
             summary["plots"] = [str(p) for p in plot_run(summary["run_dir"])]
         self.display.summary(summary)
         return summary
+
+
+def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,
+                      display: RunDisplay) -> RolloutExecutor | RolloutProcess:
+    """The rollout executor: in a process of its own for training (``rollout.process``) unless
+    a registration cannot be sent there; on a thread of this process otherwise."""
+    if cfg.rollout.process and cfg.mode == "full":
+        try:
+            blob = registrations(cfg)
+        except ValueError as exc:
+            display.note(f"rollout runs on a thread of the trainer: {exc}")
+        else:
+            return RolloutProcess(build_executor, cfg, addresses, model_path, registrations_blob=blob)
+    return build_executor(cfg, addresses, model_path, tokenizer)
 
 
 def _trainer_threads(cfg: ExperimentConfig) -> None:

@@ -1,0 +1,247 @@
+"""Rollout in its own process, so that the trainer's Python never waits on the episodes' Python.
+
+In one process the rollout loop (HTTP client, JSON, tokenising, env turns) and the trainer's
+op-by-op dispatch take turns on one interpreter lock, and a train step of a small model is
+spent mostly waiting for it. :class:`RolloutProcess` runs the same :class:`RolloutExecutor`
+in a spawned child and forwards its calls over a pipe: ``start``, ``pause``, ``resume``,
+``set_version``, ``prepare_batch``, ``stats``, ``counts``, ``state_dict``, ``load_state_dict``,
+``shutdown`` and ``running`` behave as the executor's, and an error raised in the child is
+raised again in the caller.
+
+The child is built by :func:`build_executor` from the run's config, server addresses and model
+path. It starts from a fresh interpreter, so it receives the parent's registrations (envs,
+agents, rewards, datasets): registered classes and functions travel by reference and are
+imported again there. The child ignores SIGINT and SIGTERM (the trainer decides when a run
+stops and asks for the rollout state first) and ends when the parent closes the pipe or dies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from areal_agents.config import ExperimentConfig
+from areal_agents.lifeline import watch_parent
+from areal_agents.registry import get_registry
+from areal_agents.rollout.executor import RolloutExecutor
+from areal_agents.types import Trajectory
+
+__all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]
+
+_KINDS = ("envs", "agents", "datasets", "rewards")  # what an episode looks up
+
+class RolloutProcessDied(RuntimeError):
+    """The rollout child process ended while the trainer still needed it."""
+
+
+def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
+                   tokenizer: Any = None) -> RolloutExecutor:
+    """The RL run's rollout executor: the configured env and agent over an inference client
+    for ``addresses``, cycling the training rows (the client closes with the executor)."""
+    from areal_agents.data import load_dataset_rows
+    from areal_agents.inference.client import InferenceClient
+    from areal_agents.rollout.episode import build_episode_fn, sampling_params
+
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    inf = cfg.inference
+    client = InferenceClient(addresses, schedule=inf.schedule, timeout=inf.request_timeout,
+                             retries=inf.request_retries, lora_path=cfg.actor.lora.served,
+                             batch_window=inf.batch_window)
+    return RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
+                                                                    sampling=sampling_params(cfg)),
+                           rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
+                           on_shutdown=[client.aclose])
+
+
+def registrations(cfg: ExperimentConfig | None = None) -> bytes:
+    """This process's envs, agents, datasets and rewards, pickled for the rollout child.
+
+    Entries that cannot travel to another interpreter (a lambda, a class defined inside a
+    function, a module loaded from a file path) are left out; ``ValueError`` names the first
+    of them when it is the env, agent or dataset ``cfg`` runs.
+    """
+    needed: set[tuple[str, str]] = set()
+    if cfg is not None:
+        dataset = cfg.data.name or getattr(get_registry("envs").get(cfg.env.name), "default_dataset", None)
+        needed = {("envs", cfg.env.name), ("agents", cfg.agent.name), ("datasets", str(dataset))}
+    sendable: dict[str, dict[str, tuple[Any, str]]] = {}
+    for kind in _KINDS:
+        for name, entry in get_registry(kind).entries().items():
+            try:
+                pickle.dumps(entry)
+            except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
+                if (kind, name) in needed:
+                    raise ValueError(f"{kind[:-1]} {name!r} cannot be sent to the rollout process "
+                                     f"({type(exc).__name__}: {exc}); define it at module level") from None
+                continue
+            sendable.setdefault(kind, {})[name] = entry
+    return pickle.dumps(sendable)
+
+
+def _register(blob: bytes) -> None:
+    for kind, entries in pickle.loads(blob).items():
+        registry = get_registry(kind)
+        for name, (obj, where) in entries.items():
+            if name not in registry:
+                registry.add(name, obj, where=where)
+
+
+def _serve(conn: Connection, blob: bytes, build: Callable[..., RolloutExecutor], args: tuple[Any, ...]) -> None:
+    """The child: build the executor, then answer calls until ``shutdown`` or the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
+    executor: RolloutExecutor | None = None
+    try:
+        try:
+            _register(blob)
+            from areal_agents.rewards import RewardRunner, set_default_runner
+
+            set_default_runner(RewardRunner.for_rollout(args[0].rollout))
+            executor = build(*args)
+        except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
+            conn.send((0, False, _portable(exc)))
+            return
+        conn.send((0, True, None))
+        while True:
+            seq, name, call_args = conn.recv()
+            if name == "shutdown":
+                executor.shutdown(*call_args)
+                conn.send((seq, True, None))
+                return
+            try:
+                attr = getattr(executor, name)
+                result = attr(*call_args) if callable(attr) else attr
+                reply = (seq, True, None if result is executor else result)
+            except Exception as exc:  # noqa: BLE001 - raised again in the parent
+                reply = (seq, False, _portable(exc))
+            conn.send(reply)
+    except (EOFError, OSError):  # the parent is gone
+        pass
+    finally:
+        if executor is not None:
+            executor.shutdown()
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling, else a RuntimeError with its message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class RolloutProcess:
+    """A :class:`RolloutExecutor` built by ``build(*args)`` in a spawned child (see the module doc).
+
+    ``registrations_blob`` comes from :func:`registrations`. Construction waits until the
+    child's executor exists and raises its error if building it failed.
+    """
+
+    def __init__(self, build: Callable[..., RolloutExecutor], *args: Any, registrations_blob: bytes,
+                 name: str = "rollout") -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, registrations_blob, build, args), name=name)
+        self._proc.start()
+        child.close()
+        self._lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._closed = self._started = False
+        self._reply(0, timeout=None)
+
+    def _reply(self, seq: int, timeout: float | None) -> Any:
+        """The child's answer to call ``seq`` (answers to calls abandoned earlier are skipped)."""
+        waited = 0.0
+        while True:
+            while not self._conn.poll(0.25):
+                waited += 0.25
+                if not self._proc.is_alive():
+                    raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.exitcode})")
+                if timeout is not None and waited >= timeout:
+                    raise TimeoutError(f"the rollout process did not answer within {timeout:.0f} s")
+            try:
+                got, ok, value = self._conn.recv()
+            except (EOFError, OSError):
+                self._proc.join(5.0)
+                raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.exitcode})") from None
+            if got != seq:
+                continue
+            if not ok:
+                raise value
+            return value
+
+    def _call(self, name: str, *args: Any, timeout: float | None = None) -> Any:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("rollout process is shut down")
+            seq = next(self._seq)
+            try:
+                self._conn.send((seq, name, args))
+            except (BrokenPipeError, OSError):
+                raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.exitcode})") from None
+            return self._reply(seq, timeout)
+
+    # -- the executor's calls ------------------------------------------------------------------
+    def start(self) -> RolloutProcess:
+        self._call("start")
+        self._started = True
+        return self
+
+    def pause(self) -> None:
+        self._call("pause")
+
+    def resume(self) -> None:
+        self._call("resume")
+
+    def set_version(self, version: int) -> None:
+        self._call("set_version", version)
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`shutdown` (known here: no call to the child)."""
+        return self._started and not self._closed
+
+    def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
+        result: list[list[Trajectory]] = self._call("prepare_batch", timeout)
+        return result
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._call("stats"))
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._call("counts"))
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._call("state_dict"))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load_state_dict", state)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the child's executor (its episodes cancelled, servers left running) and the child."""
+        if self._closed:
+            return
+        try:
+            if self._proc.is_alive():
+                self._call("shutdown", timeout, timeout=timeout + 5.0)
+        except (RolloutProcessDied, TimeoutError, RuntimeError):
+            pass
+        finally:
+            self._closed = True
+            self._conn.close()
+            self._proc.join(5.0)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
