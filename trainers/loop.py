@@ -203,7 +203,7 @@ def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: s
         except ValueError as exc:
             display.note(f"rollout runs on a thread of the trainer: {exc}")
         else:
-            return RolloutProcess(build_executor, cfg, addresses, model_path, registrations_blob=blob)
+            return RolloutProcess(cfg, addresses, model_path, registrations_blob=blob)
     return build_executor(cfg, addresses, model_path, tokenizer)
 
 
@@ -318,5 +318,6 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "accuracy_after": after.get("eval/accuracy"), "final_model": str(final_dir),
             "metrics": str(run_dir / "metrics.jsonl"),
             "gen_tokens_per_s": float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in history] or [0.0])),
+            "rollout": "its own process" if isinstance(r0.executor, RolloutProcess) else "a thread of the trainer",
         }
     return r0.finish(summary, plots=True)

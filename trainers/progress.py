@@ -151,6 +151,7 @@ class RunDisplay:
             ("eval accuracy after RL", _fmt(summary.get("accuracy_after"), ".3f")),
             ("wall time", f"{_fmt(summary.get('wall_time_s'), '.1f')} s"),
             ("generation throughput", f"{_fmt(summary.get('gen_tokens_per_s'), '.0f')} tokens/s"),
+            ("rollout ran in", summary.get("rollout", "-")),
             ("learning signal", self.signal.status or "-"),
             ("run dir", summary.get("run_dir", "-")),
             ("metrics", summary.get("metrics", "-")),

@@ -23,11 +23,11 @@ import os
 import pickle
 import signal
 import threading
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from areal_agents.config import ExperimentConfig
+from areal_agents.config_loader import import_user_module, user_files
 from areal_agents.lifeline import watch_parent
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
@@ -64,11 +64,12 @@ def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
 
 
 def registrations(cfg: ExperimentConfig | None = None) -> bytes:
-    """This process's envs, agents, datasets and rewards, pickled for the rollout child.
+    """This process's envs, agents, datasets and rewards, pickled for the rollout child, with
+    the ``.py`` files imported by path (``imports=[my_env.py]``), which the child imports first.
 
     Entries that cannot travel to another interpreter (a lambda, a class defined inside a
-    function, a module loaded from a file path) are left out; ``ValueError`` names the first
-    of them when it is the env, agent or dataset ``cfg`` runs.
+    function) are left out; ``ValueError`` names the first of them when it is the env, agent or
+    dataset ``cfg`` runs.
     """
     needed: set[tuple[str, str]] = set()
     if cfg is not None:
@@ -85,18 +86,21 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
                                      f"({type(exc).__name__}: {exc}); define it at module level") from None
                 continue
             sendable.setdefault(kind, {})[name] = entry
-    return pickle.dumps(sendable)
+    return pickle.dumps((user_files(), pickle.dumps(sendable)))
 
 
 def _register(blob: bytes) -> None:
-    for kind, entries in pickle.loads(blob).items():
+    files, entries_blob = pickle.loads(blob)
+    for path in files.values():  # before the entries that refer to them by module name
+        import_user_module(path)
+    for kind, entries in pickle.loads(entries_blob).items():
         registry = get_registry(kind)
         for name, (obj, where) in entries.items():
             if name not in registry:
                 registry.add(name, obj, where=where)
 
 
-def _serve(conn: Connection, blob: bytes, build: Callable[..., RolloutExecutor], args: tuple[Any, ...]) -> None:
+def _serve(conn: Connection, blob: bytes, cfg: ExperimentConfig, addresses: list[str], model_path: str) -> None:
     """The child: build the executor, then answer calls until ``shutdown`` or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -107,8 +111,8 @@ def _serve(conn: Connection, blob: bytes, build: Callable[..., RolloutExecutor],
             _register(blob)
             from areal_agents.rewards import RewardRunner, set_default_runner
 
-            set_default_runner(RewardRunner.for_rollout(args[0].rollout))
-            executor = build(*args)
+            set_default_runner(RewardRunner.for_rollout(cfg.rollout))
+            executor = build_executor(cfg, addresses, model_path)
         except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
             conn.send((0, False, _portable(exc)))
             return
@@ -143,23 +147,24 @@ def _portable(exc: Exception) -> Exception:
 
 
 class RolloutProcess:
-    """A :class:`RolloutExecutor` built by ``build(*args)`` in a spawned child (see the module doc).
+    """:func:`build_executor` ``(cfg, addresses, model_path)`` in a spawned child (see the module doc).
 
-    ``registrations_blob`` comes from :func:`registrations`. Construction waits until the
-    child's executor exists and raises its error if building it failed.
+    ``registrations_blob`` comes from :func:`registrations`. The child builds its executor
+    while the caller goes on (the trainer loads its model meanwhile); the first call waits for
+    it and raises the error if building it failed.
     """
 
-    def __init__(self, build: Callable[..., RolloutExecutor], *args: Any, registrations_blob: bytes,
-                 name: str = "rollout") -> None:
+    def __init__(self, cfg: ExperimentConfig, addresses: list[str], model_path: str, *,
+                 registrations_blob: bytes) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, registrations_blob, build, args), name=name)
+        self._proc = ctx.Process(target=_serve, args=(child, registrations_blob, cfg, list(addresses), model_path),
+                                 name="rollout")
         self._proc.start()
         child.close()
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
-        self._closed = self._started = False
-        self._reply(0, timeout=None)
+        self._closed = self._started = self._built = False
 
     def _reply(self, seq: int, timeout: float | None) -> Any:
         """The child's answer to call ``seq`` (answers to calls abandoned earlier are skipped)."""
@@ -186,6 +191,9 @@ class RolloutProcess:
         with self._lock:
             if self._closed:
                 raise RuntimeError("rollout process is shut down")
+            if not self._built:  # the child's first answer: its executor is built, or why not
+                self._built = True
+                self._reply(0, timeout)
             seq = next(self._seq)
             try:
                 self._conn.send((seq, name, args))

@@ -46,6 +46,7 @@ def test_run_then_train_only(tmp_path: Path) -> None:
         proc = _cli(["run", "--env", "math", *common, "inference.backend=remote", f"inference.addresses=[{addr}]",
                      f"trainer.total_steps={STEPS}", f"rollout.max_head_offpolicyness={ETA}"], env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "its own process" in proc.stdout  # rollout.process: the default, not a fallback
         run_dir = tmp_path / "runs" / "e2e" / "trial"
         for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "final/config.json", "final/model.safetensors",
                      "plots/reward_vs_step.png", "plots/reward_vs_time.png", "plots/throughput.png",

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from areal_agents.config import ExperimentConfig
+from areal_agents.config_loader import import_user_module
 from areal_agents.env import TurnLimitedEnv
 from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.registry import envs, register_dataset, register_env
-from areal_agents.rollout.process import RolloutProcess, RolloutProcessDied, build_executor, registrations
+from areal_agents.rollout.process import RolloutProcess, RolloutProcessDied, registrations
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(1, 2), (30, 4), (7, 70), (11, 11)]]
 
@@ -76,7 +77,7 @@ def config(**rollout: Any) -> ExperimentConfig:
 
 def test_the_child_runs_this_modules_env_and_answers_like_the_executor(server: ServerHandle, model: Path) -> None:
     cfg = config()
-    proc = RolloutProcess(build_executor, cfg, [server.address], str(model), registrations_blob=registrations())
+    proc = RolloutProcess(cfg, [server.address], str(model), registrations_blob=registrations())
     try:
         assert not proc.running
         assert proc._call("running") is False
@@ -107,11 +108,44 @@ def test_the_child_runs_this_modules_env_and_answers_like_the_executor(server: S
         proc.stats()
 
 
+def test_an_env_from_a_py_file_reaches_the_child(server: ServerHandle, model: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``imports=[my_env.py]``: the file is imported again in the child, before the registrations."""
+    from areal_agents import config_loader
+
+    monkeypatch.setattr(config_loader, "_USER_FILES", dict(config_loader._USER_FILES))  # forgotten afterwards
+    path = tmp_path / "process_file_env.py"
+    path.write_text(textwrap.dedent("""
+        import os
+        from areal_agents import register_env
+        from areal_agents.env import TurnLimitedEnv
+
+        @register_env("process-file-env")
+        class FileEnv(TurnLimitedEnv):
+            default_dataset = "process-test-rows"
+            def __init__(self):
+                super().__init__(max_turns=1)
+            def play_turn(self, action, row):
+                return "", 0.0, True, {"pid": os.getpid(), "from_file": True}
+    """))
+    import_user_module(str(path))
+    cfg = config()
+    cfg.env.name = "process-file-env"
+    proc = RolloutProcess(cfg, [server.address], str(model), registrations_blob=registrations(cfg))
+    try:
+        proc.start()
+        episodes = [t for g in proc.prepare_batch(timeout=60) for t in g]
+        assert episodes and all(t.info["from_file"] and t.info["pid"] != os.getpid() for t in episodes)
+    finally:
+        proc.shutdown()
+        envs.remove("process-file-env")
+
+
 def test_state_moves_to_a_new_child(server: ServerHandle, model: Path) -> None:
     """A checkpoint's rollout state, loaded into a fresh child, queues the unconsumed groups first."""
     cfg = config()
     blob = registrations()
-    first = RolloutProcess(build_executor, cfg, [server.address], str(model), registrations_blob=blob)
+    first = RolloutProcess(cfg, [server.address], str(model), registrations_blob=blob)
     try:
         first.start()
         first.prepare_batch(timeout=60)
@@ -119,7 +153,7 @@ def test_state_moves_to_a_new_child(server: ServerHandle, model: Path) -> None:
         state = first.state_dict()
     finally:
         first.shutdown()
-    second = RolloutProcess(build_executor, cfg, [server.address], str(model), registrations_blob=blob)
+    second = RolloutProcess(cfg, [server.address], str(model), registrations_blob=blob)
     try:
         second.load_state_dict(state)
         second.start()
@@ -132,12 +166,17 @@ def test_state_moves_to_a_new_child(server: ServerHandle, model: Path) -> None:
 def test_a_build_error_is_raised_in_the_parent(server: ServerHandle, model: Path) -> None:
     cfg = config()
     cfg.env.name = "no-such-env"
-    with pytest.raises(KeyError, match="unknown env 'no-such-env'"):
-        RolloutProcess(build_executor, cfg, [server.address], str(model), registrations_blob=registrations())
+    proc = RolloutProcess(cfg, [server.address], str(model), registrations_blob=registrations())
+    try:
+        with pytest.raises(KeyError, match="unknown env 'no-such-env'"):  # at the first call
+            proc.set_version(0)
+    finally:
+        proc.shutdown()
+    assert not proc._proc.is_alive()
 
 
 def test_a_killed_child_is_reported_in_one_line(server: ServerHandle, model: Path) -> None:
-    proc = RolloutProcess(build_executor, config(), [server.address], str(model), registrations_blob=registrations())
+    proc = RolloutProcess(config(), [server.address], str(model), registrations_blob=registrations())
     try:
         os.kill(proc._proc.pid or 0, signal.SIGKILL)
         proc._proc.join(10)
@@ -151,7 +190,7 @@ def test_a_killed_child_is_reported_in_one_line(server: ServerHandle, model: Pat
 def test_signals_to_the_group_leave_the_child_to_the_trainer(server: ServerHandle, model: Path) -> None:
     """SIGINT/SIGTERM (Ctrl-C, a scheduler's preemption) reach the whole process group; the child
     ignores them, so the trainer can still ask it for the rollout state it checkpoints."""
-    proc = RolloutProcess(build_executor, config(), [server.address], str(model), registrations_blob=registrations())
+    proc = RolloutProcess(config(), [server.address], str(model), registrations_blob=registrations())
     try:
         proc.start()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -168,9 +207,9 @@ def test_the_child_ends_when_its_trainer_is_killed(server: ServerHandle, model: 
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_rollout_process as t
-        from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
+        from areal_agents.rollout.process import RolloutProcess, registrations
         if __name__ == "__main__":
-            proc = RolloutProcess(build_executor, t.config(), [{server.address!r}], {str(model)!r},
+            proc = RolloutProcess(t.config(), [{server.address!r}], {str(model)!r},
                                   registrations_blob=registrations())
             proc.start()
             print(proc._proc.pid, flush=True)
@@ -205,7 +244,8 @@ def test_registrations_that_cannot_travel_stay_behind() -> None:
     and then the RL loop keeps rollout on a thread of the trainer."""
     envs.add("process-test-lambda", lambda: PidEnv(), where="here")
     try:
-        sent = pickle.loads(registrations(config()))
+        files, entries = pickle.loads(registrations(config()))
+        sent = pickle.loads(entries)
         assert "process-test-env" in sent["envs"] and "process-test-lambda" not in sent["envs"]
         cfg = config()
         cfg.env.name = "process-test-lambda"
