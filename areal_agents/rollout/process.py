@@ -3,7 +3,7 @@
 In one process the rollout loop (HTTP client, JSON, tokenising, env turns) and the trainer's
 op-by-op dispatch take turns on one interpreter lock, and a train step of a small model is
 spent mostly waiting for it. :class:`RolloutProcess` runs the same :class:`RolloutExecutor`
-in a spawned child and forwards its calls over a pipe: ``start``, ``pause``, ``resume``,
+in a child process and forwards its calls over a socket: ``start``, ``pause``, ``resume``,
 ``set_version``, ``prepare_batch``, ``stats``, ``counts``, ``state_dict``, ``load_state_dict``,
 ``shutdown`` and ``running`` behave as the executor's, and an error raised in the child is
 raised again in the caller.
@@ -11,18 +11,22 @@ raised again in the caller.
 The child is built by :func:`build_executor` from the run's config, server addresses and model
 path. It starts from a fresh interpreter, so it receives the parent's registrations (envs,
 agents, rewards, datasets): registered classes and functions travel by reference and are
-imported again there. The child ignores SIGINT and SIGTERM (the trainer decides when a run
-stops and asks for the rollout state first) and ends when the parent closes the pipe or dies.
+imported again there. The script being run (``__main__``) is not imported again (unguarded, it
+would start another run), so what it defines itself stays behind. The child ignores SIGINT and SIGTERM (the trainer decides when a run
+stops and asks for the rollout state first) and ends when the parent closes the socket or dies.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
 import os
 import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
+import types
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -36,6 +40,7 @@ from areal_agents.types import Trajectory
 __all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]
 
 _KINDS = ("envs", "agents", "datasets", "rewards")  # what an episode looks up
+
 
 class RolloutProcessDied(RuntimeError):
     """The rollout child process ended while the trainer still needed it."""
@@ -79,7 +84,7 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
     for kind in _KINDS:
         for name, entry in get_registry(kind).entries().items():
             try:
-                pickle.dumps(entry)
+                _dumps(entry)
             except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
                 if (kind, name) in needed:
                     raise ValueError(f"{kind[:-1]} {name!r} cannot be sent to the rollout process "
@@ -87,6 +92,25 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
                 continue
             sendable.setdefault(kind, {})[name] = entry
     return pickle.dumps((user_files(), pickle.dumps(sendable)))
+
+
+class _NoMainPickler(pickle.Pickler):
+    """Refuses classes and functions of ``__main__``: the child does not run the script again
+    (a script without an ``if __name__ == "__main__":`` guard would start another run)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            raise pickle.PicklingError(f"{obj.__qualname__} is defined in the script being run (__main__); "
+                                       "move it into a module")
+        return NotImplemented
+
+
+def _dumps(obj: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    _NoMainPickler(buf).dump(obj)
+    return buf.getvalue()
 
 
 def _register(blob: bytes) -> None:
@@ -100,11 +124,22 @@ def _register(blob: bytes) -> None:
                 registry.add(name, obj, where=where)
 
 
-def _serve(conn: Connection, blob: bytes, cfg: ExperimentConfig, addresses: list[str], model_path: str) -> None:
-    """The child: build the executor, then answer calls until ``shutdown`` or the parent is gone."""
+def _child(fd: int) -> None:
+    """The child's entry point (``python -c``): the parent's ``sys.path``, then :func:`_serve`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
+    conn = Connection(fd)
+    try:
+        path, blob, cfg, addresses, model_path = conn.recv()
+    except (EOFError, OSError):
+        return
+    sys.path[:] = path
+    _serve(conn, blob, cfg, addresses, model_path)
+
+
+def _serve(conn: Connection, blob: bytes, cfg: ExperimentConfig, addresses: list[str], model_path: str) -> None:
+    """Build the executor, then answer calls until ``shutdown`` or the parent is gone."""
     executor: RolloutExecutor | None = None
     try:
         try:
@@ -147,7 +182,7 @@ def _portable(exc: Exception) -> Exception:
 
 
 class RolloutProcess:
-    """:func:`build_executor` ``(cfg, addresses, model_path)`` in a spawned child (see the module doc).
+    """:func:`build_executor` ``(cfg, addresses, model_path)`` in a child process (see the module doc).
 
     ``registrations_blob`` comes from :func:`registrations`. The child builds its executor
     while the caller goes on (the trainer loads its model meanwhile); the first call waits for
@@ -156,12 +191,13 @@ class RolloutProcess:
 
     def __init__(self, cfg: ExperimentConfig, addresses: list[str], model_path: str, *,
                  registrations_blob: bytes) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, registrations_blob, cfg, list(addresses), model_path),
-                                 name="rollout")
-        self._proc.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        with theirs:  # a fresh interpreter: the script that started the run is not imported again
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", f"from areal_agents.rollout.process import _child; _child({theirs.fileno()})"],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        self._conn = Connection(ours.detach())
+        self._conn.send((list(sys.path), registrations_blob, cfg, list(addresses), model_path))
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
         self._closed = self._started = self._built = False
@@ -172,15 +208,14 @@ class RolloutProcess:
         while True:
             while not self._conn.poll(0.25):
                 waited += 0.25
-                if not self._proc.is_alive():
-                    raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.exitcode})")
+                if self._proc.poll() is not None:
+                    raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.returncode})")
                 if timeout is not None and waited >= timeout:
                     raise TimeoutError(f"the rollout process did not answer within {timeout:.0f} s")
             try:
                 got, ok, value = self._conn.recv()
             except (EOFError, OSError):
-                self._proc.join(5.0)
-                raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.exitcode})") from None
+                raise RolloutProcessDied(f"the rollout process exited (exit code {self._exit_code()})") from None
             if got != seq:
                 continue
             if not ok:
@@ -198,7 +233,7 @@ class RolloutProcess:
             try:
                 self._conn.send((seq, name, args))
             except (BrokenPipeError, OSError):
-                raise RolloutProcessDied(f"the rollout process exited (exit code {self._proc.exitcode})") from None
+                raise RolloutProcessDied(f"the rollout process exited (exit code {self._exit_code()})") from None
             return self._reply(seq, timeout)
 
     # -- the executor's calls ------------------------------------------------------------------
@@ -242,14 +277,20 @@ class RolloutProcess:
         if self._closed:
             return
         try:
-            if self._proc.is_alive():
+            if self._proc.poll() is None:
                 self._call("shutdown", timeout, timeout=timeout + 5.0)
         except (RolloutProcessDied, TimeoutError, RuntimeError):
             pass
         finally:
             self._closed = True
             self._conn.close()
-            self._proc.join(5.0)
-            if self._proc.is_alive():
+            if self._exit_code() is None:
                 self._proc.kill()
-                self._proc.join()
+                self._proc.wait()
+
+    def _exit_code(self, wait: float = 5.0) -> int | None:
+        """The child's exit code, waiting up to ``wait`` s for it to end (None: still running)."""
+        try:
+            return self._proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            return None

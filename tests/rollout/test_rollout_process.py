@@ -103,7 +103,7 @@ def test_the_child_runs_this_modules_env_and_answers_like_the_executor(server: S
         assert proc.running  # an error leaves the child serving
     finally:
         proc.shutdown()
-    assert not proc._proc.is_alive()
+    assert proc._proc.poll() is not None
     with pytest.raises(RuntimeError, match="shut down"):
         proc.stats()
 
@@ -172,19 +172,19 @@ def test_a_build_error_is_raised_in_the_parent(server: ServerHandle, model: Path
             proc.set_version(0)
     finally:
         proc.shutdown()
-    assert not proc._proc.is_alive()
+    assert proc._proc.poll() is not None
 
 
 def test_a_killed_child_is_reported_in_one_line(server: ServerHandle, model: Path) -> None:
     proc = RolloutProcess(config(), [server.address], str(model), registrations_blob=registrations())
     try:
         os.kill(proc._proc.pid or 0, signal.SIGKILL)
-        proc._proc.join(10)
+        proc._proc.wait(10)
         with pytest.raises(RolloutProcessDied, match=r"exited \(exit code -9\)"):
             proc.prepare_batch(timeout=5)
     finally:
         proc.shutdown()  # nothing left to stop: returns at once
-    assert not proc._proc.is_alive()
+    assert proc._proc.poll() is not None
 
 
 def test_signals_to_the_group_leave_the_child_to_the_trainer(server: ServerHandle, model: Path) -> None:
@@ -196,7 +196,7 @@ def test_signals_to_the_group_leave_the_child_to_the_trainer(server: ServerHandl
         for sig in (signal.SIGINT, signal.SIGTERM):
             os.kill(proc._proc.pid or 0, sig)
         time.sleep(0.5)
-        assert proc._proc.is_alive() and "feeder" in proc.state_dict()
+        assert proc._proc.poll() is None and "feeder" in proc.state_dict()
     finally:
         proc.shutdown()
 
@@ -254,3 +254,17 @@ def test_registrations_that_cannot_travel_stay_behind() -> None:
             registrations(cfg)
     finally:
         envs.remove("process-test-lambda")
+
+
+def test_what_the_running_script_defines_stays_behind() -> None:
+    """The child never imports ``__main__`` again (an unguarded script would start another run)."""
+    envs.add("process-test-main", type("MainEnv", (PidEnv,), {"__module__": "__main__"}), where="script")
+    try:
+        files, entries = pickle.loads(registrations(config()))
+        assert "process-test-main" not in pickle.loads(entries)["envs"]
+        cfg = config()
+        cfg.env.name = "process-test-main"
+        with pytest.raises(ValueError, match=r"defined in the script being run \(__main__\)"):
+            registrations(cfg)
+    finally:
+        envs.remove("process-test-main")
