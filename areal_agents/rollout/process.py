@@ -18,6 +18,7 @@ stops and asks for the rollout state first) and ends when the parent closes the 
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import pickle
@@ -106,8 +107,6 @@ class _NoMainPickler(pickle.Pickler):
 
 
 def _dumps(obj: Any) -> bytes:
-    import io
-
     buf = io.BytesIO()
     _NoMainPickler(buf).dump(obj)
     return buf.getvalue()
