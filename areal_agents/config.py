@@ -249,6 +249,9 @@ class RolloutConfig(Section):
     max_concurrent_rollouts: int = f(128, "Episodes in flight at once.", ge(1))
     max_head_offpolicyness: int = f(2, "Staleness bound eta: 0 = synchronous RL.", ge(0))
     group_filter: str = f("none", "nonzero_std drops groups whose rewards are all equal.", one_of("none", "nonzero_std"))
+    skip_no_signal: float = f(0.0, "Chance that a row whose last group the group filter dropped is skipped when its "
+                                   "turn comes again (its group would likely be generated only to be dropped); "
+                                   "0 disables, and below 1 every row comes back.", within("[0, 1)"))
     failure_policy: str = f("drop", "Failed episodes: drop, or zero (keep with reward 0).", one_of("drop", "zero"))
     episode_timeout: float = f(600.0, "Seconds before an episode is cancelled as timeout.", gt(0))
     reward_timeout: float = f(10.0, "Seconds one reward call may take.", gt(0))
@@ -268,6 +271,8 @@ class RolloutConfig(Section):
              f"got {self.max_concurrent_rollouts})"),
             (self.group_filter != "nonzero_std" or self.group_size >= 2, "group_filter",
              "nonzero_std needs rollout.group_size >= 2"),
+            (self.skip_no_signal == 0 or self.group_filter != "none", "skip_no_signal",
+             "needs a rollout.group_filter (it skips rows whose group the filter dropped)"),
         ]
 
 

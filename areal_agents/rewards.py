@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import pickle
 import re
@@ -33,6 +34,7 @@ __all__ = [
     "default_runner",
     "exact_match_reward",
     "extract_answer",
+    "fast_path",
     "format_reward",
     "get_default_runner",
     "math_reward",
@@ -82,6 +84,35 @@ def _gold(answer: Any) -> str:
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+def fast_path(fast: Callable[..., float | None]) -> Callable[[RewardFn], RewardFn]:
+    """Give a reward a fast path: ``fast(completion, **row)`` runs in the caller's process
+    before any worker is asked, and returns the reward, or ``None`` to leave the call to a
+    worker. For the cheap, bounded part of a reward (a string compare, never a parser that can
+    hang): for a reward of microseconds, the round trip to a worker process costs far more."""
+
+    def wrap(fn: RewardFn) -> RewardFn:
+        fn.fast_path = fast  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+def _plain_math(completion: str, answer: Any = None, **row: Any) -> float | None:
+    """:func:`math_reward` where no parser is needed (equal strings, or two plain numbers); else None."""
+    if answer is None:
+        return None
+    pred = extract_answer(completion)
+    if pred is None:
+        return 0.0
+    pred, gold = pred.replace(" ", ""), _gold(answer).replace(" ", "")
+    if pred == gold:
+        return 1.0
+    if _PLAIN_NUMBER.fullmatch(pred) and _PLAIN_NUMBER.fullmatch(gold):  # most answers
+        return 1.0 if float(pred) == float(gold) else 0.0
+    return None
+
+
+@fast_path(_plain_math)
 def math_reward(completion: str, answer: Any = None, **row: Any) -> float:
     """1.0 if the final answer of ``completion`` equals ``answer`` mathematically, else 0.0.
 
@@ -90,15 +121,10 @@ def math_reward(completion: str, answer: Any = None, **row: Any) -> float:
     """
     if answer is None:
         raise ValueError("math_reward needs the row field 'answer'")
-    pred = extract_answer(completion)
-    if pred is None:
-        return 0.0
-    gold = _gold(answer)
-    pred, gold = pred.replace(" ", ""), gold.replace(" ", "")
-    if pred == gold:
-        return 1.0
-    if _PLAIN_NUMBER.fullmatch(pred) and _PLAIN_NUMBER.fullmatch(gold):  # most answers: no parser needed
-        return 1.0 if float(pred) == float(gold) else 0.0
+    plain = _plain_math(completion, answer)
+    if plain is not None:
+        return plain
+    pred, gold = str(extract_answer(completion)).replace(" ", ""), _gold(answer).replace(" ", "")
     from math_verify import parse, verify
 
     # math-verify's own timeouts use SIGALRM, which works only in the main thread (as in a
@@ -245,8 +271,22 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         return self._count(RewardResult(0.0, "reward_error", f"{label} ended its worker process (exit code {code})",
                                         time.monotonic() - t0))
 
+    def _fast(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> RewardResult | None:
+        """The result of ``fn``'s :func:`fast_path`, when it has one and it decides the call."""
+        try:
+            fast = getattr(resolve_reward(fn), "fast_path", None)
+            value = None if fast is None else fast(completion, **(row or {}))
+            if value is None or not math.isfinite(float(value)):
+                return None
+        except Exception:  # noqa: BLE001 - the worker runs the call and reports what is wrong
+            return None
+        return self._count(RewardResult(float(value), "ok", "", 0.0))
+
     def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
-        """Run ``fn(completion, **row)`` in a worker; never raises for a bad reward."""
+        """Run ``fn(completion, **row)`` (its fast path here, else in a worker); never raises for a bad reward."""
+        quick = self._fast(fn, completion, row)
+        if quick is not None:
+            return quick
         t0 = time.monotonic()
         label, resolved, job, error = self._job(fn, completion, row)
         if job is None:
@@ -290,6 +330,9 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         """:meth:`compute` for asyncio callers. With a started worker free, the call waits on
         the worker's socket in the event loop (no thread hand-off); otherwise (every worker
         busy, or one must start) it runs in a thread."""
+        quick = self._fast(fn, completion, row)
+        if quick is not None:
+            return quick
         t0 = time.monotonic()
         label, resolved, job, error = self._job(fn, completion, row)
         if job is None:

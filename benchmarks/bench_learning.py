@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,8 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
 
 
 # ------------------------------------------------------------------------------ areal-agents
-def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, workdir: Path) -> dict[str, Any]:
+def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, workdir: Path,
+              overrides: Sequence[str] = ()) -> dict[str, Any]:
     """``areal-agents run --env math`` from ``model_path``; the curve comes from its metrics.jsonl."""
     # the run's clock includes server start-up and evals; leave room so training time reaches the budget
     max_time = budget_s * 1.35 + 30
@@ -155,7 +157,7 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
            f"seed={seed}", "trainer.total_steps=1000000", f"trainer.max_time_s={max_time}",
            "actor.lr_schedule=constant", f"eval.every={eval_every}", "trainer.save_every=0",
            "trainer.recover=disabled", "logging.progress=false", "logging.plots=false",
-           "logging.tensorboard=false", f"output_dir={workdir}", f"trial_name=seed{seed}"]
+           "logging.tensorboard=false", f"output_dir={workdir}", f"trial_name=seed{seed}", *overrides]
     subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (workdir / "math" / f"seed{seed}" / "metrics.jsonl").open()]
     origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=480.0, help="training seconds per run (default 8 min)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between greedy evals (both systems)")
     p.add_argument("--systems", nargs="+", default=["areal", "plain"], choices=["areal", "plain"])
+    p.add_argument("--override", nargs="*", default=[], metavar="K=V",
+                   help="extra config overrides for the areal-agents runs (to compare a setting)")
     p.add_argument("--out", type=Path, default=RESULTS / "learning.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one plain-loop run in its own process
     args = p.parse_args(argv)
@@ -262,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.systems:
                 t0 = time.monotonic()
                 if name == "areal":
-                    run = areal_run(model, seed, args.budget, args.eval_every, Path(tmp))
+                    run = areal_run(model, seed, args.budget, args.eval_every, Path(tmp), args.override)
                 else:
                     proc = subprocess.run([sys.executable, __file__, "--worker", f"{model},{seed}", "--budget",
                                            str(args.budget), "--eval-every", str(args.eval_every)],
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "greedy accuracy vs training time, areal-agents run vs a plain synchronous GRPO loop",
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_start)),
         "platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_before": list(os.getloadavg()),
-        "seeds": args.seeds, "budget_s": args.budget, "eval_every": args.eval_every,
+        "seeds": args.seeds, "budget_s": args.budget, "overrides": args.override, "eval_every": args.eval_every,
         "eval_rows": cfg.eval.n or cfg.data.test_size, "warm_model": model,
         "batch": f"{cfg.rollout.batch_size} x {cfg.rollout.group_size}", "lr": cfg.actor.lr,
         "summary": summary, "runs": runs, "targets": TARGETS,

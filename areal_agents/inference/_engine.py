@@ -89,7 +89,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.rows: list[GenRequest] = []
         self._admitting: list[GenRequest] = []
-        self.kv = BatchKV(model.config, self.device, torch.float32 if self.device.type == "cpu" else model.dtype)
+        self.kv = BatchKV(model.config, self.device, torch.float32 if self.device.type == "cpu" else model.dtype,
+                          max_rows=max_batch_size)
         self._last_tok = torch.empty(0, dtype=torch.long, device=self.device)
         self._params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.lora = LoraSet(model)

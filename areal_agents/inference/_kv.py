@@ -1,10 +1,11 @@
 """The running batch's KV cache: left-padded rows that can join and leave (torch).
 
-Every layer keeps keys/values in a buffer ``[B, H_kv, capacity, D]`` whose first
-``length`` columns are live; a decode step writes one column in place instead of
-concatenating, and the buffer doubles when full. Rows are left-padded: ``valid[b, t]``
-says whether column ``t`` of row ``b`` holds a real token, and each row's next position
-id is its count of real tokens.
+Every layer keeps keys/values in a buffer ``[rows, H_kv, capacity, D]`` whose first ``B``
+rows and ``length`` columns are live; a decode step writes one column in place instead of
+concatenating, and the buffer doubles when full. Admitted rows are written into spare rows
+and finished ones compacted in place, so the buffers are rebuilt only when a new row is
+longer than the batch. Rows are left-padded: ``valid[b, t]`` says whether column ``t`` of
+row ``b`` holds a real token, and each row's next position id is its count of real tokens.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ _HEADROOM = 64
 
 
 class _GrowingLayer(DynamicLayer):
-    """A cache layer over a preallocated buffer ``[B, H, capacity, D]``."""
+    """A cache layer over a preallocated buffer ``[rows, H, capacity, D]``: its first ``batch``
+    rows and ``length`` columns are live; rows join and leave in place."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, batch: int, length: int) -> None:
         super().__init__()
-        self.kbuf, self.vbuf, self.length = keys, values, length
+        self.kbuf, self.vbuf, self.batch, self.length = keys, values, batch, length
         self.is_initialized = True
         self.device = keys.device
         self._views()
 
     def _views(self) -> None:
-        self.keys = self.kbuf[:, :, : self.length]
-        self.values = self.vbuf[:, :, : self.length]
+        self.keys = self.kbuf[: self.batch, :, : self.length]
+        self.values = self.vbuf[: self.batch, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         n = key_states.shape[-2]
@@ -39,8 +41,8 @@ class _GrowingLayer(DynamicLayer):
             cap = max(2 * self.kbuf.shape[2], self.length + n + _HEADROOM)
             self.kbuf = _resize(self.kbuf, cap, self.length)
             self.vbuf = _resize(self.vbuf, cap, self.length)
-        self.kbuf[:, :, self.length : self.length + n] = key_states
-        self.vbuf[:, :, self.length : self.length + n] = value_states
+        self.kbuf[: self.batch, :, self.length : self.length + n] = key_states
+        self.vbuf[: self.batch, :, self.length : self.length + n] = value_states
         self.length += n
         self._views()
         return self.keys, self.values
@@ -59,8 +61,9 @@ def _pad(kv: torch.Tensor, left: int, right: int) -> torch.Tensor:
 class BatchKV:
     """KV cache, validity mask and positions of the running batch (one row per sequence)."""
 
-    def __init__(self, config: Any, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, device: torch.device, dtype: torch.dtype, max_rows: int = 1) -> None:
         self.config = config
+        self.max_rows = max_rows  # rows the buffers hold once rebuilt (the engine's batch limit)
         self.device = device
         self.dtype = dtype
         self.cache = self.fresh_cache()
@@ -89,30 +92,49 @@ class BatchKV:
         self.pos = self.pos + 1
 
     def merge(self, prefill: DynamicCache, valid: torch.Tensor, rows: list[int]) -> None:
-        """Append ``rows`` of a prefilled cache (``valid``: ``[n, L]``) to the batch."""
+        """Append ``rows`` of a prefilled cache (``valid``: ``[n, L]``) to the batch.
+
+        New rows no longer than the batch's are written into spare rows of its buffers, in
+        place (right-aligned, left-padded); otherwise the buffers are rebuilt, with room for
+        ``max_rows`` rows, so that later admissions fit.
+        """
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        new_valid = valid[idx]
+        new_valid, n = valid[idx], len(rows)
         b_old, t_old, t_new = self.batch, int(self.valid.shape[1]), int(new_valid.shape[1])
+        old = cast("list[_GrowingLayer]", self.cache.layers) if b_old else []
         length = max(t_old, t_new)
-        merged_valid = torch.zeros(b_old + len(rows), length, dtype=torch.bool, device=self.device)
+        if old and t_new <= t_old and b_old + n <= old[0].kbuf.shape[0]:
+            for layer, fresh in zip(old, prefill.layers, strict=True):
+                for buf, name in ((layer.kbuf, "keys"), (layer.vbuf, "values")):
+                    buf[b_old : b_old + n, :, : length - t_new] = 0
+                    buf[b_old : b_old + n, :, length - t_new : length] = getattr(fresh, name)[idx]
+                layer.batch += n
+                layer._views()
+        else:
+            layers: list[Any] = []
+            for i, fresh in enumerate(prefill.layers):
+                bufs = []
+                for name in ("keys", "values"):
+                    new = getattr(fresh, name)[idx]
+                    h, d = new.shape[1], new.shape[3]
+                    buf = torch.zeros(max(self.max_rows, b_old + n), h, length + _HEADROOM, d, dtype=self.dtype,
+                                      device=self.device)
+                    if old:
+                        buf[:b_old, :, length - t_old : length] = getattr(old[i], name)
+                    buf[b_old : b_old + n, :, length - t_new : length] = new
+                    bufs.append(buf)
+                layers.append(_GrowingLayer(bufs[0], bufs[1], b_old + n, length))
+            self.cache = self.fresh_cache()
+            self.cache.layers = layers
+        merged_valid = torch.zeros(b_old + n, length, dtype=torch.bool, device=self.device)
         merged_valid[:b_old, length - t_old :] = self.valid
         merged_valid[b_old:, length - t_new :] = new_valid
-        layers: list[Any] = []
-        for i, fresh in enumerate(prefill.layers):
-            old = self.cache.layers[i] if b_old else None
-            parts = []
-            for name in ("keys", "values"):  # old rows, then the new ones, left-padded to ``length``
-                kvs = [getattr(old, name)] if old is not None else []
-                kvs.append(getattr(fresh, name)[idx].to(self.dtype))
-                parts.append(torch.cat([_pad(kv, length - kv.shape[2], _HEADROOM) for kv in kvs]))
-            layers.append(_GrowingLayer(parts[0], parts[1], length))
-        self.cache = self.fresh_cache()
-        self.cache.layers = layers
         self.valid = merged_valid
         self.pos = torch.cat([self.pos, new_valid.sum(dim=1)])
 
     def select(self, rows: list[int]) -> None:
-        """Keep only ``rows`` and drop leading columns that no remaining row uses."""
+        """Keep only ``rows`` (moved to the top of the buffers, in place) and drop leading
+        columns that no remaining row uses."""
         if not rows:
             self.clear()
             return
@@ -120,10 +142,10 @@ class BatchKV:
         valid = self.valid[idx]
         lead = int(valid.int().argmax(dim=1).min())  # first real column of the longest row
         length = int(valid.shape[1]) - lead
-        layers: list[Any] = []
         for layer in cast("list[_GrowingLayer]", self.cache.layers):
-            keys, values = (_pad(buf[idx, :, lead : lead + length], 0, _HEADROOM) for buf in (layer.kbuf, layer.vbuf))
-            layers.append(_GrowingLayer(keys, values, length))
-        self.cache.layers = layers
+            for buf in (layer.kbuf, layer.vbuf):
+                buf[: len(rows), :, :length] = buf[idx, :, lead : lead + length]  # gathered first, then copied
+            layer.batch, layer.length = len(rows), length
+            layer._views()
         self.valid = valid[:, lead:]
         self.pos = self.pos[idx]

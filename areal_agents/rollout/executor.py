@@ -100,7 +100,7 @@ class RolloutExecutor:
         self._bound = StalenessBound(cfg.max_head_offpolicyness, cfg.batch_size * cfg.group_size,
                                      cfg.max_concurrent_rollouts, bounded_staleness)
         self._episode_fn = episode_fn
-        self._feeder = RowFeeder(rows, seed=seed, shuffle=shuffle)
+        self._feeder = RowFeeder(rows, seed=seed, shuffle=shuffle, skip=cfg.skip_no_signal)
         self._seed = int(seed)
         self._turn_discount = None if turn_discount is None else check_turn_discount(turn_discount)
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
@@ -311,7 +311,8 @@ class RolloutExecutor:
         env tokens), ``rollout/tokens`` the mean generated tokens, ``rollout/turns`` the mean
         LLM turns; ``rollout/signal_groups`` the fraction of the batch's groups whose rewards
         differ (0: the batch has no learning signal for group baselines; with groups of one,
-        1 or 0 as the batch's rewards differ or not); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
+        1 or 0 as the batch's rewards differ or not); ``rollout/skipped_rows`` the rows passed over
+        so far (``skip_no_signal``); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
         rates cover every episode finished since the previous batch.
         """
         counts = self.counts()
@@ -320,6 +321,7 @@ class RolloutExecutor:
             out.update({f"rollout/{k}": float(v) for k, v in counts.items() if k != "ready_groups"})
             out.update(self._ledger.metrics())
             out["rollout/version"] = float(self._version)
+            out["rollout/skipped_rows"] = float(self._feeder.skipped)
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -468,11 +470,14 @@ class RolloutExecutor:
         else:
             for t in failed:  # failure_policy == "zero": keep, with no reward
                 t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
-            if self._filter is not None and not self._filter(members):
+            signal = self._filter is None or self._filter(members)
+            if not signal:
                 self._filtered_in_a_row += 1
                 reason = "filter" if self._filtered_in_a_row <= 4 * self.cfg.batch_size else ""
             elif self._filter is not None:
                 self._filtered_in_a_row = 0
+            if self._filter is not None and g.key is not None:
+                self._feeder.mark(g.key, signal)
         self._ledger.resolve(members, reason)
         if not reason:
             self._delivered_groups += 1

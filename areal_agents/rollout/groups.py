@@ -35,19 +35,27 @@ class RowFeeder:
 
     The position ``(epoch, index)`` is the checkpointable dataloader state: the same seed
     and position give the same next rows, so a recovered run continues where it stopped.
+
+    ``skip`` is the chance that a row whose last group gave no learning signal (see
+    :meth:`mark`) is passed over when its turn comes: a prompt every sample solves (or none
+    does) mostly stays that way, and its group would be generated only to be dropped. The
+    draw is a seeded function of the position, so skipping is reproducible and needs no state
+    beyond the marked rows; a skipped row stays marked and gets its chance again next epoch.
     """
 
-    def __init__(self, rows: Iterable[dict[str, Any]] | None, *, seed: int, shuffle: bool) -> None:
+    def __init__(self, rows: Iterable[dict[str, Any]] | None, *, seed: int, shuffle: bool, skip: float = 0.0) -> None:
         self.rows: list[dict[str, Any]] = list(rows) if rows is not None else []
         for i, row in enumerate(self.rows):
             if not isinstance(row, dict):
                 raise TypeError(f"rows[{i}] must be a dict (got {type(row).__name__})")
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
+        self.skip = float(skip)
         self.epoch = 0
         self.index = 0
-        self._order_epoch = -1
-        self._order: list[int] = []
+        self.skipped = 0
+        self.no_signal: set[int] = set()  # rows whose last group gave no learning signal
+        self._orders: dict[int, list[int]] = {}  # the last two epochs' orders (groups resolve across a boundary)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -55,30 +63,44 @@ class RowFeeder:
     def _row_index(self, epoch: int, index: int) -> int:
         if not self.shuffle:
             return index
-        if epoch != self._order_epoch:
+        if epoch not in self._orders:
             order = list(range(len(self.rows)))
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            self._order, self._order_epoch = order, epoch
-        return self._order[index]
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = order
+        return self._orders[epoch][index]
 
     def row_at(self, key: tuple[int, int]) -> dict[str, Any]:
         """The row at dataloader position ``key = (epoch, index)``."""
         return self.rows[self._row_index(*key)]
 
+    def mark(self, key: tuple[int, int], signal: bool) -> None:
+        """Record whether the group of the row at ``key`` gave a learning signal."""
+        (self.no_signal.discard if signal else self.no_signal.add)(self._row_index(*key))
+
+    def _passed_over(self, key: tuple[int, int]) -> bool:
+        if self.skip <= 0 or self._row_index(*key) not in self.no_signal:
+            return False
+        return random.Random(f"{self.seed}/{key[0]}/{key[1]}").random() < self.skip
+
     def next(self) -> tuple[tuple[int, int], dict[str, Any]]:
-        """``((epoch, index), row)`` of the next row; advances the position."""
+        """``((epoch, index), row)`` of the next row not passed over; advances the position."""
         if not self.rows:
             raise IndexError("no rows to feed")
-        key = (self.epoch, self.index)
-        row = self.row_at(key)
-        self.index += 1
-        if self.index == len(self.rows):
-            self.epoch, self.index = self.epoch + 1, 0
-        return key, row
+        for left in range(len(self.rows), 0, -1):  # after an epoch's worth of skips, the next row regardless
+            key = (self.epoch, self.index)
+            self.index += 1
+            if self.index == len(self.rows):
+                self.epoch, self.index = self.epoch + 1, 0
+            if left == 1 or not self._passed_over(key):
+                break
+            self.skipped += 1
+        return key, self.row_at(key)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "index": self.index, "num_rows": len(self.rows),
-                "seed": self.seed, "shuffle": self.shuffle}
+                "seed": self.seed, "shuffle": self.shuffle, "no_signal": sorted(self.no_signal),
+                "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         n = int(state.get("num_rows", len(self.rows)))
@@ -87,9 +109,14 @@ class RowFeeder:
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= max(0, n - 1):
             raise ValueError(f"rollout state has an invalid dataloader position (epoch {epoch}, index {index})")
+        no_signal = {int(i) for i in state.get("no_signal", [])}
+        if any(not 0 <= i < n for i in no_signal):
+            raise ValueError("rollout state marks rows outside the dataset")
         self.epoch, self.index = epoch, index
         self.seed = int(state.get("seed", self.seed))
         self.shuffle = bool(state.get("shuffle", self.shuffle))
+        self.no_signal, self.skipped = no_signal, int(state.get("skipped", 0))
+        self._orders = {}
 
 
 @dataclass(eq=False)

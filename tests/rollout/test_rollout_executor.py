@@ -180,6 +180,38 @@ def test_group_filter_drops_all_equal_groups_and_counts_them():
     assert_invariant(counts)
 
 
+def test_rows_the_filter_dropped_are_skipped_later_and_the_skips_are_counted():
+    """skip_no_signal: once a row's group was filtered out, the row is mostly passed over later."""
+    launched: list[str] = []
+
+    async def episode(row, seed, episode_id):
+        launched.append(row["answer"])
+        await asyncio.sleep(0)
+        even_row = int(row["answer"]) % 4 == 0  # all-equal rewards for these rows, every time
+        return make_traj(seed, 1.0 if even_row else float(seed % 2))
+
+    runs = {}
+    for skip in (0.0, 0.9):
+        launched.clear()
+        c = cfg(group_filter="nonzero_std", batch_size=4, group_size=2, skip_no_signal=skip)
+        with RolloutExecutor(c, episode_fn=episode, rows=ROWS, shuffle=False) as ex:
+            for step in range(30):
+                ex.prepare_batch(timeout=20)
+                ex.set_version(step + 1)
+            stats = ex.stats()
+        no_signal = sum(int(a) % 4 == 0 for a in launched) / len(launched)
+        runs[skip] = (no_signal, stats["rollout/skipped_rows"])
+    assert runs[0.0][1] == 0 and 0.45 < runs[0.0][0] < 0.55  # half the rows never give a signal
+    assert runs[0.9][1] > 50 and runs[0.9][0] < 0.3, runs  # ... and are mostly passed over once seen
+
+
+def test_skip_no_signal_needs_a_group_filter():
+    with pytest.raises(ValueError, match=r"^skip_no_signal: needs a rollout.group_filter"):
+        cfg(skip_no_signal=0.5)
+    with pytest.raises(ValueError, match=r"^skip_no_signal: must be in \[0, 1\) \(got 1.0\)"):
+        cfg(group_filter="nonzero_std", skip_no_signal=1.0)
+
+
 def test_group_filter_gives_way_when_no_group_can_pass():
     """A policy that never succeeds must not starve the trainer: after 4 x batch_size groups
     in a row fail the filter, groups are kept (the batch then shows no signal)."""

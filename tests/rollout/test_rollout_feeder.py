@@ -57,3 +57,40 @@ def test_nonzero_std_filter():
     assert nonzero_std([_traj(1.0), _traj(0.0)])
     assert not nonzero_std([_traj(1e6), _traj(1e6 + 1e-6)])  # equal up to float noise
     assert not nonzero_std([])
+
+
+def test_rows_without_signal_are_skipped_at_the_configured_rate_and_come_back():
+    rows = [{"i": i} for i in range(200)]
+    feeder = RowFeeder(rows, seed=3, shuffle=True, skip=0.75)
+    marked = set(range(0, 200, 2))
+    for epoch_index in range(200):  # the even rows' last groups gave no signal, the odd rows' did
+        feeder.mark((0, epoch_index), feeder.row_at((0, epoch_index))["i"] not in marked)
+    assert feeder.no_signal == marked
+    fed = [feeder.next()[1]["i"] for _ in range(5000)]
+    epochs = feeder.epoch
+    assert all(fed.count(i) in (epochs, epochs + 1) for i in range(1, 200, 2))  # odd rows: never skipped
+    fed_marked = sum(i in marked for i in fed)
+    share = feeder.skipped / (feeder.skipped + fed_marked)  # of the even rows' turns, the share passed over
+    assert 0.65 < share < 0.85, share
+    assert {i for i in fed if i in marked} == marked  # every marked row still came back
+    feeder.mark((feeder.epoch, 0), True)  # a group with signal unmarks its row
+    assert feeder.row_at((feeder.epoch, 0))["i"] not in feeder.no_signal
+
+
+def test_skipping_replays_from_a_saved_state_and_never_stalls():
+    rows = [{"i": i} for i in range(7)]
+    feeder = RowFeeder(rows, seed=5, shuffle=True, skip=0.99)
+    for index in range(7):  # every row without signal
+        feeder.mark((0, index), False)
+    fed = [feeder.next() for _ in range(30)]  # each call still returns a row
+    assert len(fed) == 30 and feeder.skipped > 30 * 5
+    state = json.loads(json.dumps(feeder.state_dict()))
+    resumed = RowFeeder(rows, seed=5, shuffle=True, skip=0.99)
+    resumed.load_state_dict(state)
+    assert resumed.no_signal == set(range(7)) and resumed.skipped == feeder.skipped
+    assert [resumed.next() for _ in range(12)] == [feeder.next() for _ in range(12)]
+    plain = RowFeeder(rows, seed=5, shuffle=True)  # skip 0: marks change nothing
+    plain.load_state_dict(state)
+    assert [plain.next()[0] for _ in range(7)] == [(state["epoch"], i) for i in range(state["index"], 7)] + [
+        (state["epoch"] + 1, i) for i in range(state["index"])]
+    assert plain.skipped == state["skipped"]

@@ -16,6 +16,7 @@ from areal_agents.rewards import (
     default_runner,
     exact_match_reward,
     extract_answer,
+    fast_path,
     format_reward,
     math_reward,
 )
@@ -50,6 +51,17 @@ def length_reward(completion: str, **row) -> float:
 def sleep_reward(completion: str, seconds: float = 1.0, **row) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def _short_only(completion: str, **row) -> float | None:
+    if completion == "boom":
+        raise RuntimeError("fast path failed")
+    return 2.0 if len(completion) < 3 else None  # differs from the full reward: shows which one ran
+
+
+@fast_path(_short_only)
+def fast_length_reward(completion: str, **row) -> float:
+    return float(len(completion))
 
 
 def numpy_reward(completion: str, **row) -> float:
@@ -100,6 +112,19 @@ def test_runner_computes_by_name_and_function() -> None:
         assert runner(length_reward, "abcd").value == 4.0
         assert runner(numpy_reward, "x").value == 0.5
         assert runner.stats["ok"] == 3
+
+
+def test_a_fast_path_decides_in_process_and_leaves_the_rest_to_a_worker() -> None:
+    with RewardRunner(timeout=20, max_workers=1) as runner:
+        assert runner(fast_length_reward, "ab").value == 2.0  # the fast path decided
+        assert runner.compute("math", "so 82", {"answer": "82"}).value == 1.0  # plain numbers: no parser
+        assert runner.compute("math", "41", {"answer": "42"}).value == 0.0
+        assert not runner._idle  # ... and no worker process was started for any of them
+        assert runner(fast_length_reward, "abcd").value == 4.0  # None: a worker ran the reward
+        assert runner(fast_length_reward, "boom").value == 4.0  # a failing fast path: the worker decides
+        assert runner.compute("math", "\\boxed{\\frac{1}{2}}", {"answer": "0.5"}).value == 1.0  # needs the parser
+        assert len(runner._idle) == 1 and runner.stats["ok"] == 6
+    assert math_reward.fast_path("\\boxed{\\frac{1}{2}}", answer="0.5") is None  # type: ignore[attr-defined]
 
 
 def test_a_hanging_reward_costs_one_timeout_not_the_run() -> None:
