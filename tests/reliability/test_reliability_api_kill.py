@@ -20,6 +20,9 @@ SETTINGS = [
     "rollout.batch_size=2", "rollout.group_size=2", "eval.n=4", "eval.every=0",
     "logging.progress=false", "logging.plots=false", "logging.tensorboard=false",
 ]  # fmt: skip
+# The killed run: long enough that the signal always comes first, and a reward without a fast
+# path (the math reward decides most replies in process), so reward workers are always running.
+KILLED_RUN = [*SETTINGS, "trainer.total_steps=5000", "env.kwargs.reward=exact-match"]
 
 UNGUARDED = """\
 import sys
@@ -84,7 +87,7 @@ def test_unguarded_script_runs_once_and_leaves_nothing_behind(tmp_path: Path, ca
     script.write_text(UNGUARDED)
     env = {**os.environ, "AREAL_AGENTS_CACHE": str(cache), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     log = open(tmp_path / "run.log", "w")
-    proc = subprocess.Popen([sys.executable, str(script), *SETTINGS, f"output_dir={tmp_path / 'runs'}"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, str(script), *KILLED_RUN, f"output_dir={tmp_path / 'runs'}"], cwd=tmp_path,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 400
