@@ -86,21 +86,11 @@ def arithmetic_dataset(
         raise DatasetError(f"arithmetic_dataset: the {split} split is empty for low={low}, high={high}")
     random.Random(f"arithmetic:{split}:{seed}").shuffle(pool)
     n = len(pool) if size is None else int(size)
-    rows = []
-    for i in range(n):
-        a, b, op = pool[i % len(pool)]
-        expression = f"{a}{op}{b}"
-        rows.append(
-            {
-                "prompt": template.format(a=a, b=b, op=op),
-                "answer": str(_OPS[op](a, b)),
-                "a": a,
-                "b": b,
-                "op": op,
-                "expression": expression,
-            }
-        )
-    return rows
+    return [
+        {"prompt": template.format(a=a, b=b, op=op), "answer": str(_OPS[op](a, b)), "a": a, "b": b, "op": op,
+         "expression": f"{a}{op}{b}"}
+        for a, b, op in (pool[i % len(pool)] for i in range(n))
+    ]
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -130,24 +120,22 @@ def read_records(path: str, what: str = "records") -> list[tuple[int, dict[str, 
                 f"{path}: reading Parquet needs the 'pyarrow' package: pip install 'areal-agents[parquet]'"
             ) from None
         try:
-            rows = pq.read_table(path).to_pylist()
+            records = list(enumerate(pq.read_table(path).to_pylist(), 1))
         except Exception as exc:  # pyarrow's errors for a truncated or foreign file
             raise DatasetError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
-        if not rows:
-            raise DatasetError(f"{path}: the file has no {what}")
-        return [(i + 1, row) for i, row in enumerate(rows)]
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            records.append((lineno, record))
+    else:
+        records = []
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(record, dict):
+                    raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+                records.append((lineno, record))
     if not records:
         raise DatasetError(f"{path}: the file has no {what}")
     return records
@@ -177,13 +165,9 @@ def jsonl_dataset(
     other fields are kept). ``size`` keeps the first rows.
     """
     file = _split_path(path, split, "jsonl_dataset", kw)
-    rows = []
-    for lineno, record in read_records(file):
-        row = dict(record)
-        row["prompt"] = str(_field(file, lineno, record, prompt_field))
-        row["answer"] = str(_field(file, lineno, record, answer_field))
-        rows.append(row)
-    return rows[:size] if size is not None else rows
+    rows = [{**record, "prompt": str(_field(file, lineno, record, prompt_field)),
+             "answer": str(_field(file, lineno, record, answer_field))} for lineno, record in read_records(file)]
+    return rows[:size]
 
 
 def gsm8k_dataset(
@@ -204,7 +188,7 @@ def gsm8k_dataset(
         if not final:
             raise DatasetError(f"{file}:{lineno}: field 'answer' has nothing after '####'")
         rows.append({"prompt": question, "answer": final, "solution": solution})
-    return rows[:size] if size is not None else rows
+    return rows[:size]
 
 
 # -- config glue -------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ import itertools
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 __all__ = ["VISIBLE_ROOTS", "SandboxResult", "run_python"]
 
@@ -116,13 +117,7 @@ if pid == 0:
     os.chdir(cfg["cwd"])
     os.execve(sys.executable, [sys.executable, "-I", "main.py"], cfg["env"])
 os.close(cfg["status_fd"])
-while True:
-    try:
-        _, status = os.waitpid(pid, 0)
-        break
-    except InterruptedError:
-        continue
-code = os.waitstatus_to_exitcode(status)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # EINTR is retried (PEP 475)
 os._exit(code if code >= 0 else 128 - code)
 """
 
@@ -154,10 +149,8 @@ class SandboxResult:
 
 
 def _keep_paths(workdir: str, extra: tuple[str, ...]) -> list[str]:
-    keep = {workdir, "/etc/ld.so.cache", *extra}
-    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
-        keep.add(os.path.realpath(prefix))
-    return sorted(keep)
+    pythons = (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)))
+    return sorted({workdir, "/etc/ld.so.cache", *extra, *map(os.path.realpath, pythons)})
 
 
 def _hidden_roots() -> list[str]:
@@ -168,16 +161,13 @@ def _hidden_roots() -> list[str]:
 
 def _traversable_by_others(path: str) -> bool:
     """Whether a user other than the owner can reach and run ``path`` (every parent o+x)."""
-    path = os.path.realpath(path)
-    parts = [path] + [p for p in (os.path.dirname(path),) if p]
-    while parts[-1] != "/":
-        parts.append(os.path.dirname(parts[-1]))
-    return all(os.stat(p).st_mode & 0o001 for p in parts)
+    real = Path(os.path.realpath(path))
+    return all(os.stat(p).st_mode & 0o001 for p in (real, *real.parents))
 
 
-def _read(path: str, limit: int) -> tuple[str, bool]:
-    with open(path, "rb") as fh:
-        data = fh.read(limit + 1)
+def _read(fh: IO[bytes], limit: int) -> tuple[str, bool]:
+    fh.seek(0)
+    data = fh.read(limit + 1)
     return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
@@ -202,16 +192,16 @@ def run_python(
     """
     if timeout_s <= 0 or memory_mb <= 0 or max_procs < 1:
         raise ValueError("run_python: timeout_s, memory_mb and max_procs must be positive")
-    workdir = tempfile.mkdtemp(prefix="areal-sandbox-")
-    io_dir = tempfile.mkdtemp(prefix="areal-sandbox-io-")
     is_root = os.getuid() == 0
     run_uid = _sandbox_uid()
-    try:
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
+    with (tempfile.TemporaryDirectory(prefix="areal-sandbox-", ignore_cleanup_errors=True) as workdir,
+          tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err):
+        main_py = os.path.join(workdir, "main.py")
+        with open(main_py, "w", encoding="utf-8") as fh:
             fh.write(code)
         if is_root:
             os.chown(workdir, run_uid, run_uid)
-            os.chown(os.path.join(workdir, "main.py"), run_uid, run_uid)
+            os.chown(main_py, run_uid, run_uid)
         read_fd, write_fd = os.pipe()
         cfg = {
             "isolate": isolate,
@@ -232,31 +222,27 @@ def run_python(
                 "nofile": 256,
             },
         }
-        out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
         t0 = time.monotonic()
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(cfg)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir, env={"LANG": "C.UTF-8"},
-                start_new_session=True, pass_fds=(write_fd,),
-            )
-            os.close(write_fd)
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(cfg)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir, env={"LANG": "C.UTF-8"},
+            start_new_session=True, pass_fds=(write_fd,),
+        )
+        os.close(write_fd)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         duration = time.monotonic() - t0
         with os.fdopen(read_fd, "r") as status_pipe:
-            notes: dict[str, object] = {}
-            for line in status_pipe:
-                notes.update(json.loads(line))
-        stdout, cut_out = _read(out_path, max_output_chars)
-        stderr, cut_err = _read(err_path, max_output_chars)
-        code_ = proc.returncode
+            notes = {key: value for line in status_pipe for key, value in json.loads(line).items()}
+        stdout, cut_out = _read(out, max_output_chars)
+        stderr, cut_err = _read(err, max_output_chars)
+        code_, isolated = proc.returncode, bool(notes.get("isolated"))
         return SandboxResult(
             stdout=stdout,
             stderr=stderr,
@@ -265,12 +251,9 @@ def run_python(
             duration_s=duration,
             truncated=cut_out or cut_err,
             isolation={
-                "namespaces": bool(notes.get("isolated", False)),
+                "namespaces": isolated,
                 "proc": bool(notes.get("proc", False)),
-                "drop_privileges": is_root and (bool(notes.get("isolated")) or bool(cfg["drop_ok"])),
+                "drop_privileges": is_root and (isolated or bool(cfg["drop_ok"])),
             },
             isolation_error=str(notes.get("isolation_error", "")),
         )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(io_dir, ignore_errors=True)

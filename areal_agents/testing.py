@@ -8,6 +8,7 @@ without a server. Real rollouts use the inference client.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ class CharTokenizer:
 
     SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
     OFFSET = len(SPECIALS)
+    _SPECIAL_SPLIT = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")
 
     def __init__(self) -> None:
         self.eos_token = "<|im_end|>"
@@ -38,28 +40,13 @@ class CharTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = []
-        i = 0
-        while i < len(text):
-            for sid, tok in enumerate(self.SPECIALS):
-                if text.startswith(tok, i):
-                    ids.append(sid)
-                    i += len(tok)
-                    break
-            else:
-                ids.append(self.OFFSET + ord(text[i]))
-                i += 1
+        for part in self._SPECIAL_SPLIT.split(text):
+            ids += [self.SPECIALS.index(part)] if part in self.SPECIALS else [self.OFFSET + ord(c) for c in part]
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        out = []
-        for t in ids:
-            t = int(t)
-            if t < self.OFFSET:
-                if not skip_special_tokens:
-                    out.append(self.SPECIALS[t])
-            else:
-                out.append(chr(t - self.OFFSET))
-        return "".join(out)
+        return "".join(chr(t - self.OFFSET) if t >= self.OFFSET else "" if skip_special_tokens else self.SPECIALS[t]
+                       for t in map(int, ids))
 
     def apply_chat_template(
         self,
@@ -120,27 +107,17 @@ class ScriptedLLM(LLM):
     async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
         self.calls.append({"input_ids": list(input_ids), "sampling": dict(sampling)})
         text = self._reply()
-        finish = "stop"
         stops = sampling.get("stop") or []
-        if isinstance(stops, str):
-            stops = [stops]
-        cut = [text.find(s) + len(s) for s in stops if s and s in text]
-        stopped = bool(cut)
+        cut = [text.find(s) + len(s) for s in ([stops] if isinstance(stops, str) else stops) if s and s in text]
         if cut:
             text = text[: min(cut)]
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         eos = self.tokenizer.eos_token_id
-        if self.append_eos and not stopped and eos is not None:
+        if self.append_eos and not cut and eos is not None:
             ids.append(eos)
         limit = sampling.get("max_new_tokens")
-        if limit is not None and len(ids) > int(limit):
-            ids = ids[: int(limit)]
-            finish = "length"
-        logprobs = [-0.1 * (1 + i % 5) for i in range(len(ids))]
-        return Generation(
-            output_ids=ids,
-            logprobs=logprobs,
-            versions=[self.version] * len(ids),
-            finish_reason=finish,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-        )
+        finish = "length" if limit is not None and len(ids) > int(limit) else "stop"
+        ids = ids[: int(limit)] if finish == "length" else ids
+        return Generation(output_ids=ids, logprobs=[-0.1 * (1 + i % 5) for i in range(len(ids))],
+                          versions=[self.version] * len(ids), finish_reason=finish,
+                          text=self.tokenizer.decode(ids, skip_special_tokens=True))
