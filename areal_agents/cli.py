@@ -7,6 +7,7 @@ stays importable without torch; each handler receives the parsed arguments.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ COMMANDS = {
     "eval": "trainers.evaluate:cli_eval",
     "serve": "areal_agents.cli:cli_serve",
     "plot": "areal_agents.plotting:cli_plot",
+    "list": "areal_agents.cli:_cmd_list",
+    "config": "areal_agents.cli:_cmd_config",
 }
 
 
@@ -40,14 +43,9 @@ _USER_ERRORS = (
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    if isinstance(exc, OSError):  # missing files, full disks, refused ports
-        return True
-    for spec in _USER_ERRORS:
-        module, name = spec.split(":")
-        loaded = sys.modules.get(module)  # only an imported module can have raised its error
-        if loaded is not None and isinstance(exc, getattr(loaded, name)):
-            return True
-    return False
+    # only an imported module can have raised its error; OSError: missing files, full disks, refused ports
+    loaded = [getattr(sys.modules[m], name) for m, name in (s.split(":") for s in _USER_ERRORS) if m in sys.modules]
+    return isinstance(exc, (OSError, *loaded))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -159,11 +157,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     from areal_agents.config_loader import config_fields, config_reference, explain_config, to_yaml
 
-    if args.action == "markdown":
-        print(config_reference(), end="")
-        return 0
-    if args.action == "check":
-        print(to_yaml(load_args_config(args)), end="")
+    if args.action != "show":
+        print(config_reference() if args.action == "markdown" else to_yaml(load_args_config(args)), end="")
         return 0
     import yaml
     from rich.console import Console
@@ -177,9 +172,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     for col in ("key", "value", "from", "help"):
         table.add_column(col, overflow="fold", no_wrap=col != "help")
     for key, _, _, help_text in config_fields():
-        value: Any = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
+        value = functools.reduce(getattr, key.split("."), cfg)
         shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
         if key == "rollout.reward_workers" and value is None:
             from areal_agents.rewards import default_reward_workers
@@ -204,10 +197,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.command == "list":
-            return _cmd_list(args)
-        if args.command == "config":
-            return _cmd_config(args)
         if args.command in ("run", "sft", "eval"):
             args.cfg = load_args_config(args)  # validate before importing anything heavy
             check_model_dir(args.cfg.actor.path, "actor.path")

@@ -128,33 +128,22 @@ def _select(layer: DictConfig, key: str) -> Any:
 
 def _last_given(layers: list[DictConfig], key: str) -> Any:
     """``key`` as the last layer that sets it has it, or None."""
-    value = None
-    for layer in layers:
-        given = _select(layer, key)
-        value = value if given is None else given
-    return value
-
-
-def _import_entries(layer: DictConfig) -> list[str]:
-    """The ``imports`` of one layer as a list: a list as given, or a bare entry (``imports=my_env.py``,
-    ``imports=a.py,b.py``), which is also written back into the layer as a list for the schema."""
-    entries = _select(layer, "imports")
-    if entries is None:
-        return []
-    if isinstance(entries, str):
-        names = [e.strip() for e in entries.split(",") if e.strip()]
-        layer.imports = names
-        return names
-    if not isinstance(entries, ListConfig):
-        raise ConfigError("imports", "must be a module name, a .py file or a list of them, "
-                                     f"e.g. imports=my_env.py or imports=[a.py,b.py] (got {entries!r})")
-    return [str(e) for e in entries]
+    given = [value for value in (_select(layer, key) for layer in layers) if value is not None]
+    return given[-1] if given else None
 
 
 def _import_user_modules(layers: list[DictConfig]) -> None:
-    """Import the ``imports`` entries (module names or ``.py`` paths) of every layer."""
+    """Import the ``imports`` entries (module names or ``.py`` paths) of every layer: a list as given, or a bare
+    entry (``imports=my_env.py``, ``imports=a.py,b.py``), which is also written back into the layer as a list for
+    the schema."""
     for layer in layers:
-        for entry in _import_entries(layer):
+        entries = _select(layer, "imports")
+        if isinstance(entries, str):
+            entries = layer.imports = [e.strip() for e in entries.split(",") if e.strip()]
+        elif entries is not None and not isinstance(entries, ListConfig):
+            raise ConfigError("imports", "must be a module name, a .py file or a list of them, "
+                                         f"e.g. imports=my_env.py or imports=[a.py,b.py] (got {entries!r})")
+        for entry in map(str, entries or []):
             if _is_path(entry) and not os.path.isfile(entry):
                 raise ConfigError("imports", f"no such file: {entry} (relative paths start from {os.getcwd()})")
             try:

@@ -86,27 +86,25 @@ def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str) -> None
     replies = itertools.chain([reply], itertools.cycle(DEFAULT_PROBE_ACTIONS))
     llm = ScriptedLLM(lambda messages: next(replies))
     env = env_factory(cfg)()
-    timeout = cfg.rollout.episode_timeout
+    timeout, where = cfg.rollout.episode_timeout, function_location(type(agent))
     try:
         traj = asyncio.run(asyncio.wait_for(agent.run(env, llm, dict(row), seed=cfg.seed), timeout))
     except asyncio.TimeoutError:
         raise PreflightError(f"{label}: one episode against a scripted model did not end within "
-                             f"rollout.episode_timeout={timeout:g} s ({function_location(type(agent))})") from None
+                             f"rollout.episode_timeout={timeout:g} s ({where})") from None
     except Exception as exc:  # noqa: BLE001
         who = f"env {cfg.env.name!r}" if blame(exc, env, agent) == "env_error" else label
-        raise PreflightError(f"{who}: an episode raised {describe(exc, function_location(type(agent)))}") from exc
+        raise PreflightError(f"{who}: an episode raised {describe(exc, where)}") from exc
     finally:
         _close(env)
     if not isinstance(traj, Trajectory):
-        raise PreflightError(f"{label}: run returned {type(traj).__name__}, not a Trajectory "
-                             f"({function_location(type(agent))})")
+        raise PreflightError(f"{label}: run returned {type(traj).__name__}, not a Trajectory ({where})")
     if not traj.ok:
         raise PreflightError(f"one episode against a scripted model failed: {failure_cause(traj)}")
     try:
         traj.validate()
     except ValueError as exc:
-        raise PreflightError(f"{label}: run returned an invalid trajectory: {exc} "
-                             f"({function_location(type(agent))})") from exc
+        raise PreflightError(f"{label}: run returned an invalid trajectory: {exc} ({where})") from exc
 
 
 def preflight(cfg: ExperimentConfig) -> None:

@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 RewardFn = Callable[..., float]
+_Job = tuple[str, Any, bytes, float]  # a call for a worker: label, function, pickled job, start time
 
 # -- built-in rewards ----------------------------------------------------------------------
 
@@ -54,12 +55,11 @@ def _last_boxed(text: str) -> str | None:
     start = text.rfind(_BOXED)
     if start < 0:
         return None
-    depth, i = 1, start + len(_BOXED)
-    while i < len(text):
+    depth = 1
+    for i in range(start + len(_BOXED), len(text)):
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
             return text[start + len(_BOXED) : i]
-        i += 1
     return None
 
 
@@ -232,17 +232,25 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             self.stats[result.status] = self.stats.get(result.status, 0) + 1
         return result
 
-    def _job(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> tuple[str, Any, bytes | None, str]:
-        """``(label, function, pickled job, error)``: the call as a worker receives it, or why it cannot be sent."""
+    def _prepare(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> RewardResult | _Job:
+        """The result when no worker is needed (``fn``'s :func:`fast_path` decides the call, or the call
+        cannot be sent to a worker), else ``(label, function, pickled job, start time)`` for a worker."""
+        row = dict(row or {})
+        with contextlib.suppress(Exception):  # the worker runs the call and reports what is wrong
+            fast = getattr(resolve_reward(fn), "fast_path", None)
+            value = None if fast is None else fast(completion, **row)
+            if value is not None and math.isfinite(float(value)):
+                return self._count(RewardResult(float(value), "ok", "", 0.0))
+        t0 = time.monotonic()
         label = f"reward {fn if isinstance(fn, str) else getattr(fn, '__name__', 'function')!r}"
         try:
             from areal_agents.config_loader import user_files
 
             resolved = resolve_reward(fn)
             files = {**user_files(), **main_script_file(resolved)}
-            return label, resolved, pickle.dumps((files, pickle.dumps((resolved, completion, dict(row or {}))))), ""
+            return label, resolved, pickle.dumps((files, pickle.dumps((resolved, completion, row)))), t0
         except Exception as exc:  # noqa: BLE001
-            return label, None, None, f"{label}: cannot send the call to a worker: {exc}"
+            return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
 
     def _take_idle(self) -> Worker | None:
         with self._lock:
@@ -257,41 +265,16 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             else:
                 self._idle.append(worker)
 
-    def _timed_out(self, worker: Worker, label: str, resolved: Any, t0: float) -> RewardResult:
-        worker.kill()
-        from areal_agents.failures import function_location
-
-        where = function_location(resolved)
-        return self._count(RewardResult(0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
-                                        + (f" ({where})" if where else ""), time.monotonic() - t0))
-
     def _died(self, worker: Worker, label: str, t0: float) -> RewardResult:
         code = worker.exit_code()
         worker.kill()
         return self._count(RewardResult(0.0, "reward_error", f"{label} ended its worker process (exit code {code})",
                                         time.monotonic() - t0))
 
-    def _fast(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> RewardResult | None:
-        """The result of ``fn``'s :func:`fast_path`, when it has one and it decides the call."""
-        try:
-            fast = getattr(resolve_reward(fn), "fast_path", None)
-            value = None if fast is None else fast(completion, **(row or {}))
-            if value is None or not math.isfinite(float(value)):
-                return None
-        except Exception:  # noqa: BLE001 - the worker runs the call and reports what is wrong
-            return None
-        return self._count(RewardResult(float(value), "ok", "", 0.0))
-
     def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
         """Run ``fn(completion, **row)`` (its fast path here, else in a worker); never raises for a bad reward."""
-        quick = self._fast(fn, completion, row)
-        if quick is not None:
-            return quick
-        t0 = time.monotonic()
-        label, resolved, job, error = self._job(fn, completion, row)
-        if job is None:
-            return self._count(RewardResult(0.0, "reward_error", error))
-        return self._run_job(label, resolved, job, t0)
+        call = self._prepare(fn, completion, row)
+        return call if isinstance(call, RewardResult) else self._run_job(*call)
 
     __call__ = compute
 
@@ -308,17 +291,22 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             try:
                 worker.conn.send_bytes(job)
                 answered = worker.conn.poll(self.timeout)
-            except (EOFError, OSError, BrokenPipeError):
+            except (EOFError, OSError):
                 return self._died(worker, label, t0)
             return self._reply(worker, answered, label, resolved, t0)
 
     def _reply(self, worker: Worker, answered: bool, label: str, resolved: Any, t0: float) -> RewardResult:
         """The result of a call sent to ``worker``, once its reply came (``answered``) or the timeout passed."""
         if not answered:
-            return self._timed_out(worker, label, resolved, t0)
+            worker.kill()
+            from areal_agents.failures import function_location
+
+            where = function_location(resolved)
+            return self._count(RewardResult(0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
+                                            + (f" ({where})" if where else ""), time.monotonic() - t0))
         try:
             ok, value = worker.conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
+        except (EOFError, OSError):
             return self._died(worker, label, t0)
         self._give_back(worker)
         dt = time.monotonic() - t0
@@ -330,21 +318,18 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         """:meth:`compute` for asyncio callers. With a started worker free, the call waits on
         the worker's socket in the event loop (no thread hand-off); otherwise (every worker
         busy, or one must start) it runs in a thread."""
-        quick = self._fast(fn, completion, row)
-        if quick is not None:
-            return quick
-        t0 = time.monotonic()
-        label, resolved, job, error = self._job(fn, completion, row)
-        if job is None:
-            return self._count(RewardResult(0.0, "reward_error", error))
+        call = self._prepare(fn, completion, row)
+        if isinstance(call, RewardResult):
+            return call
         worker = self._free_worker()
         if worker is None:
-            return await asyncio.to_thread(self._run_job, label, resolved, job, t0)
+            return await asyncio.to_thread(self._run_job, *call)
+        label, resolved, job, t0 = call
         try:
             try:
                 worker.conn.send_bytes(job)
                 answered = await _readable(worker.conn.fileno(), self.timeout)
-            except (EOFError, OSError, BrokenPipeError):
+            except (EOFError, OSError):
                 return self._died(worker, label, t0)
             return self._reply(worker, answered, label, resolved, t0)
         except asyncio.CancelledError:  # its reply may still come: the worker cannot serve another call
