@@ -197,11 +197,9 @@ class Worker:
 
     def started(self) -> bool:
         """Wait for the worker's ready message; False (the worker is killed) if it never came."""
-        try:
+        with contextlib.suppress(EOFError, OSError):
             if self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv_bytes() == _READY:
                 return True
-        except (EOFError, OSError):
-            pass
         self.kill()
         return False
 
@@ -226,10 +224,9 @@ class Worker:
             self.kill()
 
     def stop(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
+        with contextlib.suppress(OSError):
             self.conn.send_bytes(b"")
-        if self.exit_code(2.0) is None:
-            self.proc.kill()
+        self.exit_code(2.0)  # a worker still running after that is killed
         self.kill()
 
 

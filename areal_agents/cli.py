@@ -68,8 +68,8 @@ def check_model_dir(path: str | None, key: str) -> None:
         raise ConfigError(key, f"{path} is not a Hugging Face model directory (no config.json)")
 
 
-def _add_config_args(p: argparse.ArgumentParser, env_required: bool = False) -> None:
-    p.add_argument("--env", help="env name, short for env.name=NAME", required=env_required)
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", help="env name, short for env.name=NAME")
     p.add_argument("--config", help="YAML config file (sections as in `areal-agents config show`)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. actor.lr=1e-5")
 

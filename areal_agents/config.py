@@ -106,8 +106,7 @@ def f(default: Any, help: str, rule: Rule | None = None) -> Any:  # noqa: A002 -
         help = f"{help} Must be {rule.text}{' when set' if default is None else ''}."  # noqa: A001
     metadata = {"help": help, "rule": rule}
     if isinstance(default, (list, dict)):
-        factory: Callable[[], Any] = lambda: copy.deepcopy(default)  # noqa: E731
-        return field(default_factory=factory, metadata=metadata)
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -493,9 +492,9 @@ class ExperimentConfig(Section):
         if self.experiment_name is None and dataclasses.is_dataclass(self.env):
             self.experiment_name = self.env.name  # runs of different envs never share a run dir
         super().__post_init__()
-        if dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent):
-            if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
-                self.algorithm.max_response_tokens = self.agent.max_tokens
+        sections = dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent)
+        if sections and self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
+            self.algorithm.max_response_tokens = self.agent.max_tokens
 
     def rules(self) -> list[tuple[bool, str, str]]:
         rules = [(self.mode != "train" or self.train_data is not None, "train_data",

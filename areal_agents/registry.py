@@ -114,9 +114,7 @@ class Registry:
                 return
             try:
                 for ep in entry_points(group=f"areal_agents.{self.kind}"):
-                    if ep.name in self._entries and self._where[ep.name] == ep.value:
-                        continue
-                    self.add(ep.name, ep.value, where=ep.value)
+                    self.add(ep.name, ep.value, where=ep.value)  # a no-op when registered from there already
             finally:
                 self._entry_points_loaded = True
 

@@ -253,10 +253,15 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
 
     def _take_idle(self) -> Worker | None:
+        """An idle worker that is still alive (a dead one is reaped), or None."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("RewardRunner is closed")
-            return self._idle.pop() if self._idle else None
+            worker = self._idle.pop() if self._idle else None
+        if worker is not None and not worker.alive():
+            worker.kill()
+            return None
+        return worker
 
     def _give_back(self, worker: Worker) -> None:
         with self._lock:
@@ -281,9 +286,7 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
     def _run_job(self, label: str, resolved: Any, job: bytes, t0: float) -> RewardResult:
         with self._slots:
             worker = self._take_idle()
-            if worker is None or not worker.alive():
-                if worker is not None:
-                    worker.kill()
+            if worker is None:
                 worker = Worker(None if self.memory_mb is None else self.memory_mb * 2**20)
                 if not worker.started():
                     return self._count(RewardResult(0.0, "reward_error", f"{label}: a worker process did not start "
@@ -326,15 +329,15 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             return await asyncio.to_thread(self._run_job, *call)
         label, resolved, job, t0 = call
         try:
-            try:
-                worker.conn.send_bytes(job)
-                answered = await _readable(worker.conn.fileno(), self.timeout)
-            except (EOFError, OSError):
-                return self._died(worker, label, t0)
-            return self._reply(worker, answered, label, resolved, t0)
+            worker.conn.send_bytes(job)
+            answered = await _readable(worker.conn.fileno(), self.timeout)
+        except (EOFError, OSError):
+            return self._died(worker, label, t0)
         except asyncio.CancelledError:  # its reply may still come: the worker cannot serve another call
             worker.kill()
             raise
+        else:
+            return self._reply(worker, answered, label, resolved, t0)
         finally:
             self._slots.release()
 
@@ -347,12 +350,9 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         except RuntimeError:
             self._slots.release()
             raise
-        if worker is not None and worker.alive():
-            return worker
-        if worker is not None:
-            worker.kill()
-        self._slots.release()
-        return None
+        if worker is None:
+            self._slots.release()
+        return worker
 
     def close(self) -> None:
         """Stop every worker; further calls raise."""
