@@ -24,12 +24,8 @@ from areal_agents.types import Trajectory
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Env": "areal_agents.env",
-    "check_env": "areal_agents.env",
-    "make_env": "areal_agents.env",
-    "Agent": "areal_agents.agent",
-    "ChatAgent": "areal_agents.agent",
-    "checked_step": "areal_agents.agent",
+    **dict.fromkeys(("Env", "check_env", "make_env"), "areal_agents.env"),
+    **dict.fromkeys(("Agent", "ChatAgent", "checked_step"), "areal_agents.agent"),
 }
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ import math
 import numbers
 import os
 import pickle
+import resource
 import signal
 import socket
 import subprocess
@@ -87,10 +88,6 @@ def describe_failure(fn: Any, exc: BaseException) -> str:
 def _limit_memory(memory_bytes: int) -> None:
     """Cap this process's address space at ``memory_bytes`` (soft and hard limit; Linux/macOS)."""
     if memory_bytes <= 0:
-        return
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on POSIX
         return
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)

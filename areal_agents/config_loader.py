@@ -75,9 +75,9 @@ def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
             if child is not None and not isinstance(child, dict):
                 raise ConfigError(full, "must be a mapping of key: value")
             continue
-        is_section = any(k.startswith(full + ".") for k in known)
-        if is_section and not isinstance(child, dict):
-            raise ConfigError(full, "is a section: set its fields, e.g. " + next(k for k in known if k.startswith(full + ".")) + "=...")
+        first_field = next((k for k in known if k.startswith(full + ".")), None)
+        if first_field is not None and not isinstance(child, dict):
+            raise ConfigError(full, f"is a section: set its fields, e.g. {first_field}=...")
         _check_keys(child, known, full + ".")
 
 

@@ -6,6 +6,7 @@ has at least ``prompt`` and ``answer`` and is passed to ``env.reset(options=row)
 
 from __future__ import annotations
 
+import inspect
 import json
 import operator
 import os
@@ -202,8 +203,6 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
     as ``path`` when set, and ``size`` is ``cfg.data.train_size`` / ``test_size`` when the
     factory accepts it (file datasets keep their first rows).
     """
-    import inspect
-
     from areal_agents.registry import datasets, envs
 
     _check_split(split)
@@ -219,8 +218,7 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
     if cfg.data.path is not None:
         kwargs["path"] = cfg.data.path
     factory = datasets.get(name)
-    params = inspect.signature(factory).parameters
-    if "size" in params and "size" not in kwargs:
+    if "size" in inspect.signature(factory).parameters and "size" not in kwargs:
         kwargs["size"] = cfg.data.train_size if split == "train" else cfg.data.test_size
     try:
         rows = factory(split, **kwargs)

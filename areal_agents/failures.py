@@ -8,6 +8,7 @@ and find the line of user code an exception came from.
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import sysconfig
@@ -43,11 +44,6 @@ _STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("s
 _SITE = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
 
 
-def _ours_or_stdlib(path: str) -> bool:
-    full = os.path.abspath(path)
-    return path.startswith("<") or full.startswith(_PACKAGE) or full.startswith(_STDLIB)
-
-
 def code_location(exc: BaseException) -> str | None:
     """``file.py:line`` of the innermost frame of ``exc`` in the user's code (not this package,
     the standard library or an installed library; an installed package of the user's counts when
@@ -55,7 +51,8 @@ def code_location(exc: BaseException) -> str | None:
     frames = traceback.extract_tb(exc.__traceback__)
     for strict in (True, False):
         for frame in reversed(frames):
-            if _ours_or_stdlib(frame.filename) or strict and os.path.abspath(frame.filename).startswith(_SITE):
+            full = os.path.abspath(frame.filename)
+            if frame.filename.startswith("<") or full.startswith((_PACKAGE, *_STDLIB, *(_SITE if strict else ()))):
                 continue
             return f"{os.path.basename(frame.filename)}:{frame.lineno}"
     return None
@@ -72,8 +69,6 @@ def function_location(fn: Any) -> str | None:
                 break
         return f"{os.path.basename(code.co_filename)}:{line}"
     try:
-        import inspect
-
         lines = inspect.getsourcelines(fn)
         return f"{os.path.basename(inspect.getsourcefile(fn) or '?')}:{lines[1]}"
     except (OSError, TypeError):

@@ -61,6 +61,4 @@ def watch_parent_from_env() -> threading.Thread | None:
     """:func:`watch_parent` on the pid in ``$AREAL_AGENTS_PARENT_PID`` (SIGKILL: a trainer rank
     whose launcher died has no one to finish with), or None when it is not set."""
     pid = os.environ.get(PARENT_PID_ENV)
-    if not pid:
-        return None
-    return watch_parent(int(pid), signal=_signal.SIGKILL)
+    return watch_parent(int(pid), signal=_signal.SIGKILL) if pid else None
