@@ -143,7 +143,7 @@ def _serve(conn: Connection) -> None:
                      else f"could not be loaded in a worker: {type(exc).__name__}: {exc}")
         try:
             conn.send(reply)
-        except (BrokenPipeError, OSError):
+        except OSError:
             return
 
 
@@ -210,8 +210,7 @@ class Worker:
             return None
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        self.proc.kill()  # a no-op once the process has ended
         self.exit_code()
         self.conn.close()
         _live.discard(self)

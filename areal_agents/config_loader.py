@@ -44,11 +44,9 @@ def _leaf_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, bool
     hints = typing.get_type_hints(cls)
     for fld in dataclasses.fields(cls):
         hint = hints[fld.name]
+        keys[prefix + fld.name] = typing.get_origin(hint) is dict
         if dataclasses.is_dataclass(hint):
-            keys[prefix + fld.name] = False
             keys.update(_leaf_keys(hint, f"{prefix}{fld.name}."))  # type: ignore[arg-type]
-        else:
-            keys[prefix + fld.name] = typing.get_origin(hint) is dict
     return keys
 
 
@@ -259,10 +257,7 @@ def _allocation_layer(layers: list[DictConfig]) -> DictConfig | None:
             given = OmegaConf.select(layer, key, default=None, throw_on_resolution_failure=False)
             if given is not None and given != value:
                 raise ConfigError(key, f"is {given!r} but allocation_mode={mode} implies {value!r}")
-    layer = OmegaConf.create({})
-    for key, value in keys.items():
-        OmegaConf.update(layer, key, value)
-    return layer
+    return OmegaConf.from_dotlist([f"{key}={value}" for key, value in keys.items()])
 
 
 def _holds_mapping(path: str | os.PathLike[str]) -> bool:

@@ -39,13 +39,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _series(rows: list[dict[str, Any]], x_key: str, y_key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for row in rows:
-        x, y = row.get(x_key), row.get(y_key)
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(y):
-            xs.append(float(x))
-            ys.append(float(y))
-    return xs, ys
+    points = [(float(x), float(y)) for x, y in ((row.get(x_key), row.get(y_key)) for row in rows)
+              if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(y)]
+    return [x for x, _ in points], [y for _, y in points]
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
