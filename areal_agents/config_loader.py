@@ -15,7 +15,7 @@ import re
 import sys
 import typing
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -26,8 +26,6 @@ from areal_agents.failures import message_line
 
 __all__ = ["config_fields", "config_reference", "explain_config", "import_user_module", "load_config",
            "parse_allocation_mode", "to_yaml", "user_files"]
-
-T = TypeVar("T")
 
 
 def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigError:

@@ -62,11 +62,9 @@ def function_location(fn: Any) -> str | None:
     """``file.py:line`` where ``fn`` (a function or a class) is defined, or None."""
     code = getattr(fn, "__code__", None)
     if code is not None:  # the ``def`` line, after any decorators
-        line = code.co_firstlineno
-        for offset in range(32):
-            if linecache.getline(code.co_filename, line + offset).lstrip().startswith(("def ", "async def ")):
-                line += offset
-                break
+        first = code.co_firstlineno
+        line = next((n for n in range(first, first + 32)
+                     if linecache.getline(code.co_filename, n).lstrip().startswith(("def ", "async def "))), first)
         return f"{os.path.basename(code.co_filename)}:{line}"
     try:
         lines = inspect.getsourcelines(fn)
@@ -95,14 +93,10 @@ def blame(exc: BaseException, env: Any, agent: Any) -> str:
     method of either) is the env's, else ``agent_error``: an exception escaping the agent's
     ``run`` is the agent's unless it came from the env."""
     owner = "agent_error"
-    tb = exc.__traceback__
-    while tb is not None:
-        this = tb.tb_frame.f_locals.get("self")
-        if this is env:
-            owner = "env_error"
-        elif this is agent:
-            owner = "agent_error"
-        tb = tb.tb_next
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        this = frame.f_locals.get("self")
+        if this is env or this is agent:
+            owner = "env_error" if this is env else "agent_error"
     return owner
 
 
