@@ -6,6 +6,7 @@ Every failure becomes one :class:`ConfigError` whose message names the full key,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -213,10 +214,9 @@ def _env_defaults(layers: list[DictConfig]) -> tuple[str, DictConfig | None]:
     name = "math" if given is None else str(given)
     from areal_agents.registry import RegistryError, envs
 
-    try:
-        defaults = getattr(envs.get(name), "default_config", None) if name in envs else None
-    except RegistryError:
-        return name, None
+    defaults = None
+    with contextlib.suppress(RegistryError):  # unknown, or it cannot be loaded
+        defaults = getattr(envs.get(name), "default_config", None)
     if not defaults:
         return name, None
     if not isinstance(defaults, dict):
