@@ -81,11 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="train an agent with async RL (mode=rollout|train for debug modes)",
-                       epilog="Config keys and defaults: `areal-agents config show`.")
-    _add_config_args(p)
-    p = sub.add_parser("sft", help="supervised fine-tuning on an env's dataset")
-    _add_config_args(p)
+    _add_config_args(sub.add_parser("run", help="train an agent with async RL (mode=rollout|train for debug modes)",
+                                    epilog="Config keys and defaults: `areal-agents config show`."))
+    _add_config_args(sub.add_parser("sft", help="supervised fine-tuning on an env's dataset"))
     p = sub.add_parser("eval", help="greedy and pass@k evaluation of a model on an env's test split")
     p.add_argument("--model", help="HF model dir (default: the tiny default model)")
     p.add_argument("--output", help="JSON report path")
@@ -93,8 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="start the embedded SGLang-protocol inference server")
     add_serve_args(p)
     p.add_argument("--env", default="math", help="env whose tiny default model to serve without --model")
-    p = sub.add_parser("plot", help="write PNG plots for a run directory")
-    p.add_argument("run_dir")
+    sub.add_parser("plot", help="write PNG plots for a run directory").add_argument("run_dir")
     p = sub.add_parser("list", help="print the registries")
     p.add_argument("kind", nargs="?", choices=[*KINDS, *(k[:-1] for k in KINDS)], help="one registry only")
     p = sub.add_parser("config", help="show or check a config")

@@ -374,10 +374,9 @@ def explain_config(
     ``base``, ``yaml`` or ``override``."""
     layers = _layers(config_file, overrides, base, True)
     cfg = _build(layers)
-    sources: dict[str, str] = {}
-    for key, *_ in config_fields():
-        sources[key] = "default"
-        for source, layer in layers:
+    sources = {key: "default" for key, *_ in config_fields()}
+    for source, layer in layers:
+        for key in sources:
             if OmegaConf.select(layer, key, default=_UNSET, throw_on_resolution_failure=False) is not _UNSET:
                 sources[key] = source
     return cfg, sources

@@ -196,9 +196,8 @@ def run_python(
     run_uid = _sandbox_uid()
     with (tempfile.TemporaryDirectory(prefix="areal-sandbox-", ignore_cleanup_errors=True) as workdir,
           tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err):
-        main_py = os.path.join(workdir, "main.py")
-        with open(main_py, "w", encoding="utf-8") as fh:
-            fh.write(code)
+        main_py = Path(workdir, "main.py")
+        main_py.write_text(code, encoding="utf-8")
         if is_root:
             os.chown(workdir, run_uid, run_uid)
             os.chown(main_py, run_uid, run_uid)
