@@ -68,8 +68,7 @@ def arithmetic_dataset(
     _check_split(split)
     if kw:
         raise DatasetError(f"arithmetic_dataset: unknown argument(s) {', '.join(sorted(kw))}")
-    bad = [op for op in ops if op not in _OPS]
-    if bad or not ops:
+    if not ops or not set(ops) <= _OPS.keys():
         raise DatasetError(f"arithmetic_dataset: ops must be a non-empty subset of {list(_OPS)} (got {list(ops)})")
     if low > high:
         raise DatasetError(f"arithmetic_dataset: low must be <= high (got {low} > {high})")

@@ -74,9 +74,7 @@ if cfg["isolate"]:
         call("mount", None, b"/", None, 16384 | (1 << 18), None)
         keeps = [p for p in cfg["keep"] if os.path.exists(p)]
         fds = {p: os.open(p, os.O_PATH) for p in keeps}
-        for root in cfg["hide"]:
-            if not os.path.isdir(root) or os.path.islink(root):
-                continue
+        for root in cfg["hide"]:  # directories, not symlinks (_hidden_roots)
             call("mount", b"tmpfs", root.encode(), b"tmpfs", 2 | 4, b"mode=755,size=1m")
             for p in keeps:
                 if p == root or p.startswith(root.rstrip("/") + "/"):
