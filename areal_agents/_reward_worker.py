@@ -20,14 +20,20 @@ import numbers
 import os
 import pickle
 import resource
+import runpy
 import signal
 import socket
 import subprocess
 import sys
 import traceback
+import types
 import weakref
 from multiprocessing.connection import Connection
 from typing import Any
+
+from areal_agents.config_loader import import_user_module
+from areal_agents.failures import function_location
+from areal_agents.lifeline import die_with_parent, watch_parent
 
 __all__ = ["BadValue", "Worker", "check_not_in_worker", "check_value", "describe_failure", "in_reward_worker",
            "main_script_file", "worker_entry"]
@@ -73,8 +79,6 @@ def check_value(value: Any) -> float:
 def describe_failure(fn: Any, exc: BaseException) -> str:
     """What went wrong in ``fn`` (``returned str ..., not a number`` or ``raised Type: msg``)
     and where: the innermost line of ``fn``'s file in the traceback, else where ``fn`` is defined."""
-    from areal_agents.failures import function_location
-
     where = function_location(fn)
     code = getattr(fn, "__code__", None)
     if not isinstance(exc, BadValue) and code is not None:
@@ -97,9 +101,6 @@ def _limit_memory(memory_bytes: int) -> None:
 def _load_main(path: str) -> None:
     """Import the parent's script as ``__main__`` (guarded code does not run), for a reward defined there."""
     global _LOADING_MAIN
-    import runpy
-    import types
-
     if getattr(sys.modules.get("__mp_main__"), "__file__", None) == path:
         return
     _LOADING_MAIN = path
@@ -114,8 +115,6 @@ def _load_main(path: str) -> None:
 
 def _import_files(files: dict[str, str]) -> None:
     """Import the user's ``.py`` files (``imports=``, or the script) a pickled reward may live in."""
-    from areal_agents.config_loader import import_user_module
-
     for name, path in files.items():
         if name == "__main__":
             _load_main(path)
@@ -149,8 +148,6 @@ def _serve(conn: Connection) -> None:
 
 def _die_with(parent: int) -> None:
     """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
-    from areal_agents.lifeline import die_with_parent, watch_parent
-
     if sys.platform == "linux":
         die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent ended before the signal was armed

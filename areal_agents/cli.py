@@ -13,9 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from areal_agents._reward_worker import check_not_in_worker
 from areal_agents.config import ConfigError
+from areal_agents.config_loader import config_fields, config_reference, explain_config, load_config, to_yaml
 from areal_agents.inference.launcher import add_serve_args
-from areal_agents.registry import KINDS, RegistryError, load_object
+from areal_agents.registry import KINDS, RegistryError, get_registry, load_object
+from areal_agents.rewards import default_reward_workers
 
 __all__ = ["build_parser", "check_model_dir", "main"]
 
@@ -111,16 +114,12 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def load_args_config(args: argparse.Namespace) -> Any:
-    from areal_agents.config_loader import load_config
-
     return load_config(args.config, config_overrides(args))
 
 
 def cli_serve(args: argparse.Namespace) -> int:
     """``areal-agents serve``: the embedded server; without ``--model`` it serves the tiny default
     model of ``--env`` (warm-started and cached on first use by ``trainers.sft``)."""
-    from areal_agents.config_loader import load_config
-
     if not args.model:
         try:
             ensure_warm_model = load_object("trainers.sft:ensure_warm_model")
@@ -136,13 +135,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from areal_agents.registry import get_registry
-
-    kinds = [args.kind if args.kind.endswith("s") else args.kind + "s"] if args.kind else list(KINDS)
     console = Console()
-    for kind in kinds:
-        reg = get_registry(kind)
-        table = Table(title=f"{kind} ({len(reg)})", title_justify="left")
+    for reg in map(get_registry, [args.kind] if args.kind else KINDS):  # get_registry takes the singular too
+        table = Table(title=f"{reg.kind} ({len(reg)})", title_justify="left")
         table.add_column("name", style="bold cyan")
         table.add_column("defined at")
         for name in reg.names():
@@ -152,8 +147,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from areal_agents.config_loader import config_fields, config_reference, explain_config, to_yaml
-
     if args.action != "show":
         print(config_reference() if args.action == "markdown" else to_yaml(load_args_config(args)), end="")
         return 0
@@ -172,8 +165,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
         value = functools.reduce(getattr, key.split("."), cfg)
         shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
         if key == "rollout.reward_workers" and value is None:
-            from areal_agents.rewards import default_reward_workers
-
             shown += f" ({default_reward_workers()} here)"
         table.add_row(key, Text(shown), sources[key], help_text)  # Text: a value like [all-linear] is not markup
     Console(width=200).print(table)
@@ -182,8 +173,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
-    from areal_agents._reward_worker import check_not_in_worker
-
     check_not_in_worker()  # an unguarded script, imported by a reward worker for a reward defined in it
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

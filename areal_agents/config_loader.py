@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import message_line
+from areal_agents.registry import RegistryError, agents, algorithms, datasets, envs
 
 __all__ = ["config_fields", "config_reference", "explain_config", "import_user_module", "load_config",
            "parse_allocation_mode", "to_yaml", "user_files"]
@@ -186,8 +187,6 @@ def import_user_module(entry: str) -> Any:
 
 def _check_names(cfg: ExperimentConfig) -> None:
     """Registered names are checked now, not minutes later after the warm start."""
-    from areal_agents.registry import agents, datasets, envs
-
     for key, value, registry in (("env.name", cfg.env.name, envs), ("agent.name", cfg.agent.name, agents),
                                  ("data.name", cfg.data.name, datasets)):
         if value is not None and value not in registry:
@@ -198,8 +197,6 @@ def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     """The algorithm chosen in ``layers`` and its spec's defaults (``spec.defaults``)."""
     given = _last_given(layers, "algorithm.name")
     name = "grpo" if given is None else str(given)
-    from areal_agents.registry import RegistryError, algorithms
-
     try:
         spec = algorithms.get(name)
     except RegistryError as exc:  # unknown ("unknown algorithm 'x'; registered: ..."), or it cannot be loaded
@@ -212,8 +209,6 @@ def _env_defaults(layers: list[DictConfig]) -> tuple[str, DictConfig | None]:
     YAML or an override does), or None; an unknown env is left to :func:`_check_names`."""
     given = _last_given(layers, "env.name")
     name = "math" if given is None else str(given)
-    from areal_agents.registry import RegistryError, envs
-
     defaults = None
     with contextlib.suppress(RegistryError):  # unknown, or it cannot be loaded
         defaults = getattr(envs.get(name), "default_config", None)

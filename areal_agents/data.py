@@ -13,6 +13,8 @@ import os
 import random
 from typing import TYPE_CHECKING, Any
 
+from areal_agents.registry import datasets, envs
+
 if TYPE_CHECKING:
     from areal_agents.config import ExperimentConfig
 
@@ -202,8 +204,6 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
     as ``path`` when set, and ``size`` is ``cfg.data.train_size`` / ``test_size`` when the
     factory accepts it (file datasets keep their first rows).
     """
-    from areal_agents.registry import datasets, envs
-
     _check_split(split)
     kwargs: dict[str, Any] = {}
     name = cfg.data.name

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_agents._reward_worker import Worker, check_not_in_worker, main_script_file
+from areal_agents.config_loader import user_files
+from areal_agents.failures import function_location
 
 __all__ = [
     "RewardResult",
@@ -244,8 +246,6 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         t0 = time.monotonic()
         label = f"reward {fn if isinstance(fn, str) else getattr(fn, '__name__', 'function')!r}"
         try:
-            from areal_agents.config_loader import user_files
-
             resolved = resolve_reward(fn)
             files = {**user_files(), **main_script_file(resolved)}
             return label, resolved, pickle.dumps((files, pickle.dumps((resolved, completion, row)))), t0
@@ -302,8 +302,6 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         """The result of a call sent to ``worker``, once its reply came (``answered``) or the timeout passed."""
         if not answered:
             worker.kill()
-            from areal_agents.failures import function_location
-
             where = function_location(resolved)
             return self._count(RewardResult(0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
                                             + (f" ({where})" if where else ""), time.monotonic() - t0))
