@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
+
 from areal_agents._reward_worker import check_not_in_worker
 from areal_agents.config import ConfigError
 from areal_agents.config_loader import config_fields, config_reference, explain_config, load_config, to_yaml
@@ -107,10 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_overrides(args: argparse.Namespace) -> list[str]:
     """The ``key=value`` overrides of ``args``, with ``--env`` turned into ``env.name``."""
-    overrides = list(getattr(args, "overrides", []) or [])
-    if getattr(args, "env", None):
-        overrides.insert(0, f"env.name={args.env}")
-    return overrides
+    env = [f"env.name={args.env}"] if getattr(args, "env", None) else []
+    return [*env, *(getattr(args, "overrides", []) or [])]
 
 
 def load_args_config(args: argparse.Namespace) -> Any:
@@ -150,7 +150,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
     if args.action != "show":
         print(config_reference() if args.action == "markdown" else to_yaml(load_args_config(args)), end="")
         return 0
-    import yaml
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
