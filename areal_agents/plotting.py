@@ -46,10 +46,7 @@ def _series(rows: list[dict[str, Any]], x_key: str, y_key: str) -> tuple[list[fl
 
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Write the PNGs of :data:`PLOTS` under ``run_dir/plots`` and return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     run_dir = Path(run_dir)
     metrics_file = run_dir / "metrics.jsonl"
@@ -64,7 +61,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         curves = [c for c in curves if c[1]]
         if not curves:
             continue
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4))
+        ax = fig.subplots()
         for label, xs, ys in curves:
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
         ax.set_title(title)
@@ -74,7 +72,6 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         fig.tight_layout()
         path = out_dir / name
         fig.savefig(path, dpi=100)
-        plt.close(fig)
         written.append(path)
     return written
 

@@ -49,8 +49,7 @@ def _call(what: str, fn: Callable[..., T], *args: Any, fallback: Any = None, **k
 
 
 def _close(env: Any) -> None:
-    close = getattr(env, "close", None)
-    if close is not None:
+    if (close := getattr(env, "close", None)) is not None:
         _call(f"env {type(env).__name__}.close", close)
 
 
