@@ -7,6 +7,7 @@ duplicate name is an error that names both places.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import threading
@@ -48,10 +49,7 @@ def load_object(spec: str) -> Any:
     if ":" not in spec:
         raise RegistryError(f"lazy entry {spec!r} must look like 'module:attr'")
     module_name, attr = spec.split(":", 1)
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return functools.reduce(getattr, attr.split("."), importlib.import_module(module_name))
 
 
 def _where(obj: Any) -> str:
@@ -127,12 +125,9 @@ class Registry:
         obj = self._entries[name]
         if isinstance(obj, str):
             try:
-                obj = load_object(obj)
+                self._entries[name] = obj = load_object(obj)
             except (ImportError, AttributeError) as exc:
-                raise RegistryError(
-                    f"{self.kind[:-1]} {name!r}: cannot load {self._entries[name]!r}: {exc}"
-                ) from exc
-            self._entries[name] = obj
+                raise RegistryError(f"{self.kind[:-1]} {name!r}: cannot load {obj!r}: {exc}") from exc
         return obj
 
     def where(self, name: str) -> str:

@@ -103,11 +103,8 @@ if pid == 0:
             call("unshare", USER | NS)  # lock the mounts above; capabilities end at exec
     note("isolated", isolated)
     os.close(cfg["status_fd"])
-    lim = cfg["limits"]
-    for res, value in ((resource.RLIMIT_AS, lim["as"]), (resource.RLIMIT_CPU, lim["cpu"]),
-                       (resource.RLIMIT_NPROC, lim["nproc"]), (resource.RLIMIT_FSIZE, lim["fsize"]),
-                       (resource.RLIMIT_NOFILE, lim["nofile"]), (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(res, (value, value))
+    for name, value in cfg["limits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
     if uid == 0 and (isolated or cfg["drop_ok"]):
         os.setgroups([])
         os.setgid(cfg["drop_to"])
@@ -212,11 +209,12 @@ def run_python(
                 "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir,
             },
             "limits": {
-                "as": memory_mb * 1024 * 1024,
-                "cpu": int(math.ceil(timeout_s)) + 1,
-                "nproc": max_procs,
-                "fsize": max_file_mb * 1024 * 1024,
-                "nofile": 256,
+                "RLIMIT_AS": memory_mb * 1024 * 1024,
+                "RLIMIT_CPU": int(math.ceil(timeout_s)) + 1,
+                "RLIMIT_NPROC": max_procs,
+                "RLIMIT_FSIZE": max_file_mb * 1024 * 1024,
+                "RLIMIT_NOFILE": 256,
+                "RLIMIT_CORE": 0,
             },
         }
         t0 = time.monotonic()
