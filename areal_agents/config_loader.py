@@ -83,9 +83,8 @@ _NAMED_SECTIONS = ("env", "agent", "algorithm", "data")
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
-    for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise ConfigError(item, "overrides must look like key=value")
+    if (bad := next((item for item in overrides if "=" not in item or item.startswith("=")), None)) is not None:
+        raise ConfigError(bad, "overrides must look like key=value")
     merged = OmegaConf.create()
     for item in overrides:
         key, value = item.split("=", 1)

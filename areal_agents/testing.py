@@ -100,9 +100,8 @@ class ScriptedLLM(LLM):
             return str(self.script(self.messages))
         if self._next >= len(self.script):
             raise RuntimeError(f"ScriptedLLM: the script has only {len(self.script)} replies")
-        reply = self.script[self._next]
         self._next += 1
-        return reply
+        return self.script[self._next - 1]
 
     async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
         self.calls.append({"input_ids": list(input_ids), "sampling": dict(sampling)})
