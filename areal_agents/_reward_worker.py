@@ -180,13 +180,11 @@ class Worker:
     def __init__(self, memory_bytes: int | None = None) -> None:
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
-        try:
+        with theirs:  # the worker's end, closed here once the worker holds it
             fd = theirs.fileno()
             cmd = [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(fd), str(os.getpid()), str(memory_bytes or 0)]
             self.proc = _spawner.submit(subprocess.Popen, cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL,
                                         start_new_session=True).result()
-        finally:
-            theirs.close()
         _live.add(self)
 
     def started(self) -> bool:

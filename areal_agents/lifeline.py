@@ -31,7 +31,7 @@ def die_with_parent(signal: int = _signal.SIGTERM) -> None:
 
 def parent_alive(pid: int) -> bool:
     """Whether ``pid`` still runs and is still this process's parent."""
-    return os.getppid() == pid  # a process that ends re-parents its children then and there, zombie or not
+    return os.getppid() == pid  # an ending process hands its children on before it is reaped: our parent runs
 
 
 def watch_parent(pid: int, *, interval: float = 0.5, signal: int = _signal.SIGTERM,

@@ -120,8 +120,7 @@ def preflight(cfg: ExperimentConfig) -> None:
     if not rows:
         raise PreflightError(f"env {cfg.env.name!r}: the training data has no rows")
     with default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout, max_workers=1)):
-        reply = _check_env_and_reward(cfg, rows[0])
-        _check_agent(cfg, rows[0], reply)
+        _check_agent(cfg, rows[0], _check_env_and_reward(cfg, rows[0]))
     _PASSED.append(copy.deepcopy(cfg))
 
 
