@@ -62,11 +62,9 @@ def _one_line(exc: BaseException) -> str:
 
 def check_model_dir(path: str | None, key: str) -> None:
     """A local model path must be a Hugging Face model directory; hub ids pass through."""
-    if path is None:
-        return
-    local = os.path.expanduser(path)
+    local = os.path.expanduser(path or "")
     if not (os.path.isabs(local) or local.startswith(".") or os.path.exists(local)):
-        return  # e.g. Qwen/Qwen2.5-1.5B-Instruct, for a machine that can reach the hub
+        return  # None, or a hub id such as Qwen/Qwen2.5-1.5B-Instruct, for a machine that can reach the hub
     if not os.path.isdir(local):
         raise ConfigError(key, f"no such model directory: {path}")
     if not os.path.isfile(os.path.join(local, "config.json")):

@@ -227,14 +227,14 @@ def parse_allocation_mode(mode: str) -> dict[str, Any]:
     m = _ALLOCATION.fullmatch(mode.replace(" ", ""))
     if m is None:
         raise ConfigError("allocation_mode", f"expected e.g. 'sglang.d2t2+d4' or 'embedded.d2+d1' (got {mode!r})")
-    backend, servers, gen_pp, tp, ranks, train_pp, train_tp = m.groups()
-    if (gen_pp or "1") != "1" or (train_pp or "1") != "1" or (train_tp or "1") != "1":
+    backend, servers, gen_pp, tp, ranks, train_pp, train_tp = m.groups(default="1")
+    if (gen_pp, train_pp, train_tp) != ("1", "1", "1"):
         raise ConfigError("allocation_mode", f"only p1 and a trainer of FSDP ranks (dN, t1) are supported (got {mode!r})")
-    if min(int(servers), int(tp or 1), int(ranks)) < 1:
+    if min(int(servers), int(tp), int(ranks)) < 1:
         raise ConfigError("allocation_mode", f"every size must be >= 1 (got {mode!r})")
-    if backend == "embedded" and int(tp or 1) != 1:
+    if backend == "embedded" and int(tp) != 1:
         raise ConfigError("allocation_mode", "embedded servers have no tensor parallelism (t1)")
-    return {"inference.backend": backend, "inference.num_servers": int(servers), "sglang.tp_size": int(tp or 1),
+    return {"inference.backend": backend, "inference.num_servers": int(servers), "sglang.tp_size": int(tp),
             "trainer.nproc": int(ranks), "trainer.device": "cuda" if backend == "sglang" else "cpu"}
 
 

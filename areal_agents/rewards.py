@@ -5,7 +5,7 @@ A reward is ``fn(completion: str, **row) -> float`` registered with
 that hangs is killed after ``timeout`` seconds (its worker is replaced, so one hang costs
 one timeout), and a crash, a non-number or a NaN becomes a counted failure
 (:class:`RewardResult` with status ``timeout`` or ``reward_error``) instead of a stuck or
-crashed run, as does a ``MemoryError`` past the worker's memory cap (``memory_mb``, see below).
+crashed run, as does a ``MemoryError`` past a worker's memory cap (``memory_mb`` of :class:`RewardRunner`).
 """
 
 from __future__ import annotations
