@@ -60,7 +60,7 @@ def assistant_text(tokenizer: Tokenizer, before: list[dict[str, Any]], reply: di
     if not (isinstance(full, str) and isinstance(head, str) and full.startswith(head) and full.endswith(end)):
         raise ValueError("the chat template does not render an assistant reply as generation prompt + text + "
                          "end of turn, so its reference conversations cannot be replayed")
-    return full[len(head): len(full) - len(end)] if end else full[len(head):]
+    return full[len(head): len(full) - len(end)]
 
 
 def reference_trajectory(tokenizer: Tokenizer, messages: list[dict[str, Any]],

@@ -65,8 +65,7 @@ def _last_boxed(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The final answer of ``text``: last ``\\boxed{..}``, else after ``####``, else the last number."""
-    boxed = _last_boxed(text)
-    if boxed is not None:
+    if (boxed := _last_boxed(text)) is not None:
         return boxed.strip()
     if "####" in text:
         return text.rsplit("####", 1)[1].strip().replace(",", "") or None
@@ -121,8 +120,7 @@ def math_reward(completion: str, answer: Any = None, **row: Any) -> float:
     """
     if answer is None:
         raise ValueError("math_reward needs the row field 'answer'")
-    plain = _plain_math(completion, answer)
-    if plain is not None:
+    if (plain := _plain_math(completion, answer)) is not None:
         return plain
     pred, gold = str(extract_answer(completion)).replace(" ", ""), _gold(answer).replace(" ", "")
     from math_verify import parse, verify
