@@ -148,8 +148,7 @@ def _serve(conn: Connection) -> None:
 
 def _die_with(parent: int) -> None:
     """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
-    if sys.platform == "linux":
-        die_with_parent(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)  # Linux only; a no-op elsewhere
     if os.getppid() != parent:  # the parent ended before the signal was armed
         os._exit(1)
     watch_parent(parent, signal=signal.SIGKILL)

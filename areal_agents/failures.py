@@ -112,7 +112,6 @@ def failure_cause(traj: Trajectory) -> str:
 def failure_message(what: str, traj: Trajectory) -> str:
     """``{what}; last cause: {component: cause}; {what to check}``, cut to a readable length."""
     cause = failure_cause(traj)
-    if len(cause) > 400:
-        cause = cause[:400] + "..."
+    cause = cause[:400] + "..." if len(cause) > 400 else cause
     hint = HINTS.get(COMPONENTS.get(traj.status, ""), "")
     return f"{what}; last cause: {cause}" + (f"; {hint}" if hint else "")
