@@ -237,7 +237,8 @@ def run_python(
             notes = {key: value for line in status_pipe for key, value in json.loads(line).items()}
         stdout, cut_out = _read(out, max_output_chars)
         stderr, cut_err = _read(err, max_output_chars)
-        code_, isolated = proc.returncode, bool(notes.get("isolated"))
+        code_ = proc.returncode
+        isolated = bool(notes.get("isolated"))
         return SandboxResult(
             stdout=stdout,
             stderr=stderr,
