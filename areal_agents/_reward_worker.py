@@ -56,10 +56,9 @@ def check_not_in_worker() -> None:
     """Refuse to start a run (or reward workers) while a reward worker imports the parent's script
     for a reward defined there: the script has no ``__main__`` guard and would run again."""
     if _LOADING_MAIN is not None:
-        script = os.path.basename(_LOADING_MAIN)
-        raise RuntimeError(f"{script} starts a run when imported, and a reward worker imports it to load a reward "
-                           'defined there: put the run under `if __name__ == "__main__":` (or move the reward '
-                           "into a module)")
+        raise RuntimeError(f"{os.path.basename(_LOADING_MAIN)} starts a run when imported, and a reward worker "
+                           'imports it to load a reward defined there: put the run under `if __name__ == "__main__":` '
+                           "(or move the reward into a module)")
 
 
 class BadValue(Exception):

@@ -67,8 +67,7 @@ def function_location(fn: Any) -> str | None:
                      if linecache.getline(code.co_filename, n).lstrip().startswith(("def ", "async def "))), first)
         return f"{os.path.basename(code.co_filename)}:{line}"
     try:
-        lines = inspect.getsourcelines(fn)
-        return f"{os.path.basename(inspect.getsourcefile(fn) or '?')}:{lines[1]}"
+        return f"{os.path.basename(inspect.getsourcefile(fn) or '?')}:{inspect.getsourcelines(fn)[1]}"
     except (OSError, TypeError):
         return None
 
