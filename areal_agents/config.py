@@ -199,17 +199,12 @@ def check_sglang_version(key: str) -> None:
 
     from packaging.version import Version
 
+    needs = f"backend 'sglang' needs sglang >= {SGLANG_MIN_VERSION}"
     try:
         found = version("sglang")
     except PackageNotFoundError:
-        raise ConfigError(
-            key, f"backend 'sglang' needs sglang >= {SGLANG_MIN_VERSION}: pip install 'areal-agents[sglang]'"
-        ) from None
-    _check(
-        Version(found) >= Version(SGLANG_MIN_VERSION),
-        key,
-        f"backend 'sglang' needs sglang >= {SGLANG_MIN_VERSION} for weight updates (found {found})",
-    )
+        raise ConfigError(key, f"{needs}: pip install 'areal-agents[sglang]'") from None
+    _check(Version(found) >= Version(SGLANG_MIN_VERSION), key, f"{needs} for weight updates (found {found})")
 
 
 @dataclass

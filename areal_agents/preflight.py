@@ -85,7 +85,8 @@ def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str) -> None
     replies = itertools.chain([reply], itertools.cycle(DEFAULT_PROBE_ACTIONS))
     llm = ScriptedLLM(lambda messages: next(replies))
     env = env_factory(cfg)()
-    timeout, where = cfg.rollout.episode_timeout, function_location(type(agent))
+    timeout = cfg.rollout.episode_timeout
+    where = function_location(type(agent))
     try:
         traj = asyncio.run(asyncio.wait_for(agent.run(env, llm, dict(row), seed=cfg.seed), timeout))
     except asyncio.TimeoutError:
