@@ -159,7 +159,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     for col in ("key", "value", "from", "help"):
         table.add_column(col, overflow="fold", no_wrap=col != "help")
     for key, _, _, help_text in config_fields():
-        value = functools.reduce(getattr, key.split("."), cfg)
+        value: Any = functools.reduce(getattr, key.split("."), cfg)
         shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
         if key == "rollout.reward_workers" and value is None:
             shown += f" ({default_reward_workers()} here)"
