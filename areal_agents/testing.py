@@ -115,8 +115,9 @@ class ScriptedLLM(LLM):
         if self.append_eos and not cut and eos is not None:
             ids.append(eos)
         limit = sampling.get("max_new_tokens")
-        finish = "length" if limit is not None and len(ids) > int(limit) else "stop"
-        ids = ids[: int(limit)] if finish == "length" else ids
+        finish = "stop"
+        if limit is not None and len(ids) > int(limit):
+            ids, finish = ids[: int(limit)], "length"
         return Generation(output_ids=ids, logprobs=[-0.1 * (1 + i % 5) for i in range(len(ids))],
                           versions=[self.version] * len(ids), finish_reason=finish,
                           text=self.tokenizer.decode(ids, skip_special_tokens=True))
