@@ -193,6 +193,9 @@ class Worker:
         self.kill()
         return False
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def exit_code(self, timeout: float = 5.0) -> int | None:
         try:
             return self.proc.wait(timeout)

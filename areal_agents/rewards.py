@@ -254,7 +254,7 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             if self._closed:
                 raise RuntimeError("RewardRunner is closed")
             worker = self._idle.pop() if self._idle else None
-        if worker is not None and worker.proc.poll() is not None:  # it died while idle
+        if worker is not None and not worker.alive():
             worker.kill()
             return None
         return worker
