@@ -52,8 +52,7 @@ def _leaf_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, bool
 
 def _unknown_key(key: str, known: dict[str, bool]) -> ConfigError:
     leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-    close = same_leaf or difflib.get_close_matches(key, list(known), n=1)
+    close = [k for k in known if k.rsplit(".", 1)[-1] == leaf] or difflib.get_close_matches(key, list(known), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(key, f"unknown key{hint}")
 

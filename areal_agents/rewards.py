@@ -26,6 +26,7 @@ from typing import Any
 from areal_agents._reward_worker import Worker, check_not_in_worker, main_script_file
 from areal_agents.config_loader import user_files
 from areal_agents.failures import function_location
+from areal_agents.registry import rewards as reward_registry
 
 __all__ = [
     "RewardResult",
@@ -100,8 +101,7 @@ def _plain_math(completion: str, answer: Any = None, **row: Any) -> float | None
     """:func:`math_reward` where no parser is needed (equal strings, or two plain numbers); else None."""
     if answer is None:
         return None
-    pred = extract_answer(completion)
-    if pred is None:
+    if (pred := extract_answer(completion)) is None:
         return 0.0
     pred, gold = pred.replace(" ", ""), _gold(answer).replace(" ", "")
     if pred == gold:
@@ -152,11 +152,7 @@ def format_reward(completion: str, pattern: str | None = None, **row: Any) -> fl
 
 def resolve_reward(reward: str | RewardFn) -> RewardFn:
     """A reward function from a registered name or the function itself."""
-    if callable(reward):
-        return reward
-    from areal_agents.registry import rewards
-
-    return rewards.get(reward)
+    return reward if callable(reward) else reward_registry.get(reward)
 
 
 # -- the runner ----------------------------------------------------------------------------
