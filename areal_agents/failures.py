@@ -101,11 +101,9 @@ def blame(exc: BaseException, env: Any, agent: Any) -> str:
 
 def failure_cause(traj: Trajectory) -> str:
     """``component: cause`` of a failed trajectory, e.g. ``reward: reward 'x' returned str ...``."""
-    component = COMPONENTS.get(traj.status, traj.status)
     info = traj.info or {}
     first, second = ("reward_error", "error") if traj.status in ("reward_error", "timeout") else ("error", "reward_error")
-    detail = str(info.get(first) or info.get(second) or traj.status)
-    return f"{component}: {detail}"
+    return f"{COMPONENTS.get(traj.status, traj.status)}: {info.get(first) or info.get(second) or traj.status}"
 
 
 def failure_message(what: str, traj: Trajectory) -> str:
