@@ -117,12 +117,11 @@ class LoraSet:
                 self._hooks[module] = self._modules[module].register_forward_hook(self._hook(module))
         self.adapters[adapter.name] = adapter
 
-    def remove(self, name: str) -> LoraAdapter:
-        adapter = self.adapters.pop(name)
+    def remove(self, name: str) -> None:
+        del self.adapters[name]
         used = {m for a in self.adapters.values() for m in a.weights}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        return adapter
 
     @contextlib.contextmanager
     def rows(self, names: Sequence[str | None]) -> Iterator[None]:

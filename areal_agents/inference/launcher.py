@@ -53,21 +53,16 @@ def check_sglang() -> None:
     check_sglang_version("inference.backend")
 
 
-def _sglang_dtype(cfg: Any) -> str:
-    dtype = str(cfg.sglang.dtype)
-    return str(cfg.actor.dtype) if dtype.startswith("${") else dtype
-
-
 def sglang_command(cfg: Any, model_path: str | os.PathLike[str], port: int, server_index: int = 0) -> list[str]:
     """``python -m sglang.launch_server ...`` for server ``server_index`` (GPUs from index * tp)."""
-    tp = int(cfg.sglang.tp_size)
+    tp, dtype = int(cfg.sglang.tp_size), str(cfg.sglang.dtype)
     cmd = [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
         "--host", str(cfg.inference.host),
         "--port", str(int(port)),
         "--tp-size", str(tp),
-        "--dtype", _sglang_dtype(cfg),
+        "--dtype", str(cfg.actor.dtype) if dtype.startswith("${") else dtype,  # ${actor.dtype} unresolved: the actor's
         "--mem-fraction-static", str(cfg.sglang.mem_fraction_static),
         "--random-seed", str(int(cfg.sglang.random_seed) + server_index),
     ]  # fmt: skip
