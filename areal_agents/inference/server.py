@@ -112,7 +112,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
             logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, lora=spec.lora_path,
             seed=spec.sampling_seed,
-            done=functools.partial(loop.call_soon_threadsafe, _resolve, fut),  # resolved on the event loop
+            done=functools.partial(_resolve_from_thread, loop, fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )
         reqs.append(req)
@@ -172,6 +172,10 @@ async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future
     except ConnectionResetError:  # the client went away mid-stream: free its batch slot
         engine.call(lambda: engine.abort_where(lambda r: r is req, "client disconnected"))
     return resp
+
+
+def _resolve_from_thread(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], req: Any) -> None:
+    loop.call_soon_threadsafe(_resolve, fut, req)
 
 
 def _resolve(fut: asyncio.Future[Any], req: Any) -> None:
@@ -306,7 +310,7 @@ async def _health_generate(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
     req = GenRequest(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0,
-                     done=functools.partial(loop.call_soon_threadsafe, _resolve, fut))
+                     done=functools.partial(_resolve_from_thread, loop, fut))
     engine.submit(req)
     try:
         await asyncio.wait_for(fut, timeout=20)
