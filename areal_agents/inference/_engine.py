@@ -84,7 +84,7 @@ class Engine:
         self._cond = threading.Condition()
         self._waiting: deque[GenRequest] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
-        self._paused = False
+        self.paused = False  # while paused, requests wait and nothing is decoded
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.rows: list[GenRequest] = []
@@ -136,29 +136,17 @@ class Engine:
     # --------------------------------------------------- commands (decode thread only)
     def abort_where(self, pred: Callable[[GenRequest], bool], message: str) -> int:
         """Finish matching running and waiting requests with ``abort``; returns the count."""
-        n = 0
         with self._cond:
-            keep: deque[GenRequest] = deque()
-            for req in self._waiting:
-                if pred(req):
-                    self._finish(req, {"type": "abort", "message": message})
-                    n += 1
-                else:
-                    keep.append(req)
-            self._waiting = keep
-        for req in self.rows:
-            if req.finish is None and pred(req):
-                self._finish(req, {"type": "abort", "message": message})
-                n += 1
+            hit = [r for r in self._waiting if pred(r)]
+            self._waiting = deque(r for r in self._waiting if not pred(r))
+        hit += [r for r in self.rows if r.finish is None and pred(r)]
+        for req in hit:
+            self._finish(req, {"type": "abort", "message": message})
         self._drop_finished(force=True)  # no row may outlive its request (an unloaded adapter, say)
-        return n
+        return len(hit)
 
     def set_paused(self, paused: bool) -> None:
-        self._paused = paused
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
+        self.paused = paused
 
     def swap_weights(self, state: dict[str, torch.Tensor], version: str, abort_all: bool) -> int:
         """Copy ``state`` into the model; running requests are aborted or recomputed."""
@@ -175,9 +163,7 @@ class Engine:
         """Retract running sequences: they are re-prefilled (prompt + output so far) under
         the new weights, so every later token and logprob is exact for its version."""
         retracted = [r for r in self.rows if r.finish is None]
-        self.rows, self._params = [], None
-        self.kv.clear()
-        self._last_tok = self._last_tok[:0]
+        self._clear_batch()
         with self._cond:
             self._waiting.extendleft(reversed(retracted))
         return len(retracted)
@@ -207,7 +193,7 @@ class Engine:
                 while True:
                     with self._cond:
                         while not (
-                            self._stopping or self._commands or (not self._paused and (self._waiting or self.rows))
+                            self._stopping or self._commands or (not self.paused and (self._waiting or self.rows))
                         ):
                             self._cond.wait()
                         if self._stopping:
@@ -219,7 +205,7 @@ class Engine:
                             fut.set_result(fn())
                         except Exception as exc:  # reported to the caller, the loop goes on
                             fut.set_exception(exc)
-                    if self._paused:
+                    if self.paused:
                         continue
                     try:
                         self._admit()
@@ -291,6 +277,9 @@ class Engine:
             if req.finish is None:
                 req.error = f"{type(exc).__name__}: {exc}"
                 self._finish(req, {"type": "abort", "message": f"server error: {req.error}"})
+        self._clear_batch()
+
+    def _clear_batch(self) -> None:
         self.rows, self._admitting, self._params = [], [], None
         self.kv.clear()
         self._last_tok = self._last_tok[:0]
@@ -306,7 +295,6 @@ class Engine:
                 use_cache=True,
                 logits_to_keep=1,
             )
-        self.kv.advance()
         batch = sum(r.finish is None for r in self.rows)
         self.metrics["decode_steps"] += 1
         self.metrics["decode_seqs"] += batch

@@ -49,13 +49,8 @@ class _GrowingLayer(DynamicLayer):
 
 
 def _resize(buf: torch.Tensor, cap: int, length: int) -> torch.Tensor:
-    """The first ``length`` columns of ``buf`` in a zeroed buffer of ``cap`` columns."""
-    return _pad(buf[:, :, :length], 0, cap - length)
-
-
-def _pad(kv: torch.Tensor, left: int, right: int) -> torch.Tensor:
-    """``kv`` ``[B, H, T, D]`` with ``left``/``right`` zero columns added along ``T``."""
-    return torch.nn.functional.pad(kv, (0, 0, left, right))
+    """The first ``length`` columns of ``buf`` ``[B, H, T, D]`` in a zeroed buffer of ``cap`` columns."""
+    return torch.nn.functional.pad(buf[:, :, :length], (0, 0, 0, cap - length))
 
 
 class BatchKV:
@@ -83,13 +78,12 @@ class BatchKV:
         self.pos = self.pos[:0]
 
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention mask ``[B, 1, 1, T + 1]`` (bool) and position ids ``[B, 1]`` for one new token."""
+        """Attention mask ``[B, 1, 1, T + 1]`` (bool) and position ids ``[B, 1]`` for one new token
+        (the column and the position are taken: the next step's come after them)."""
         ones = torch.ones(self.batch, 1, dtype=torch.bool, device=self.device)
         self.valid = torch.cat([self.valid, ones], dim=1)
-        return self.valid[:, None, None, :], self.pos[:, None]
-
-    def advance(self) -> None:
-        self.pos = self.pos + 1
+        pos, self.pos = self.pos, self.pos + 1
+        return self.valid[:, None, None, :], pos[:, None]
 
     def merge(self, prefill: DynamicCache, valid: torch.Tensor, rows: list[int]) -> None:
         """Append ``rows`` of a prefilled cache (``valid``: ``[n, L]``) to the batch.
@@ -103,29 +97,26 @@ class BatchKV:
         b_old, t_old, t_new = self.batch, int(self.valid.shape[1]), int(new_valid.shape[1])
         old = cast("list[_GrowingLayer]", self.cache.layers) if b_old else []
         length = max(t_old, t_new)
-        if old and t_new <= t_old and b_old + n <= old[0].kbuf.shape[0]:
-            for layer, fresh in zip(old, prefill.layers, strict=True):
-                for buf, name in ((layer.kbuf, "keys"), (layer.vbuf, "values")):
-                    buf[b_old : b_old + n, :, : length - t_new] = 0
-                    buf[b_old : b_old + n, :, length - t_new : length] = getattr(fresh, name)[idx]
-                layer.batch += n
-                layer._views()
-        else:
+        if not (old and t_new <= t_old and b_old + n <= old[0].kbuf.shape[0]):  # rebuild, the old rows right-aligned
             layers: list[Any] = []
             for i, fresh in enumerate(prefill.layers):
                 bufs = []
                 for name in ("keys", "values"):
-                    new = getattr(fresh, name)[idx]
-                    h, d = new.shape[1], new.shape[3]
+                    _, h, _, d = getattr(fresh, name).shape
                     buf = torch.zeros(max(self.max_rows, b_old + n), h, length + _HEADROOM, d, dtype=self.dtype,
                                       device=self.device)
                     if old:
                         buf[:b_old, :, length - t_old : length] = getattr(old[i], name)
-                    buf[b_old : b_old + n, :, length - t_new : length] = new
                     bufs.append(buf)
-                layers.append(_GrowingLayer(bufs[0], bufs[1], b_old + n, length))
+                layers.append(_GrowingLayer(bufs[0], bufs[1], b_old, length))
             self.cache = self.fresh_cache()
             self.cache.layers = layers
+        for layer, fresh in zip(cast("list[_GrowingLayer]", self.cache.layers), prefill.layers, strict=True):
+            for buf, name in ((layer.kbuf, "keys"), (layer.vbuf, "values")):
+                buf[b_old : b_old + n, :, : length - t_new] = 0
+                buf[b_old : b_old + n, :, length - t_new : length] = getattr(fresh, name)[idx]
+            layer.batch += n
+            layer._views()
         merged_valid = torch.zeros(b_old + n, length, dtype=torch.bool, device=self.device)
         merged_valid[:b_old, length - t_old :] = self.valid
         merged_valid[b_old:, length - t_new :] = new_valid

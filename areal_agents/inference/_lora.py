@@ -66,8 +66,7 @@ def adapter_from_tensors(name: str, path: str, config: Mapping[str, Any], tensor
         else:
             raise ValueError(f"{path}: {key!r} is not a LoRA weight (lora_A/lora_B; modules_to_save is not supported)")
     adapter = LoraAdapter(name=name, path=path, scale=scale)
-    dtype = next(model.parameters()).dtype
-    device = next(model.parameters()).device
+    param = next(model.parameters())
     for module, ab in sorted(pairs.items()):
         layer = modules.get(module)
         if not isinstance(layer, torch.nn.Linear):
@@ -79,7 +78,7 @@ def adapter_from_tensors(name: str, path: str, config: Mapping[str, Any], tensor
                 or a.shape[0] != b.shape[1]:
             raise ValueError(f"{path}: {module!r} has shapes A {list(a.shape)}, B {list(b.shape)}; the layer maps "
                              f"{layer.in_features} -> {layer.out_features}")
-        adapter.weights[module] = (a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
+        adapter.weights[module] = (a.to(param).contiguous(), b.to(param).contiguous())  # the model's device and dtype
     if not adapter.weights:
         raise ValueError(f"{path}: the adapter has no LoRA weights")
     return adapter
@@ -118,12 +117,11 @@ class LoraSet:
                 self._hooks[module] = self._modules[module].register_forward_hook(self._hook(module))
         self.adapters[adapter.name] = adapter
 
-    def remove(self, name: str) -> LoraAdapter:
-        adapter = self.adapters.pop(name)
+    def remove(self, name: str) -> None:
+        del self.adapters[name]
         used = {m for a in self.adapters.values() for m in a.weights}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        return adapter
 
     @contextlib.contextmanager
     def rows(self, names: Sequence[str | None]) -> Iterator[None]:

@@ -70,14 +70,13 @@ class _Waiting:
     cancelled: bool = False
 
 
-def _settle(members: list[_Waiting], outcome: Any) -> None:
-    for w in members:
-        if w.reply.done():
-            continue
-        if isinstance(outcome, BaseException):
-            w.reply.set_exception(outcome)
-        else:
-            w.reply.set_result(outcome)
+def _settle(w: _Waiting, outcome: Any) -> None:
+    if w.reply.done():
+        return
+    if isinstance(outcome, BaseException):
+        w.reply.set_exception(outcome)
+    else:
+        w.reply.set_result(outcome)
 
 
 _BATCH_DEFAULTS: dict[str, Any] = {"return_logprob": False, "top_logprobs_num": 0, "lora_path": None,
@@ -237,22 +236,18 @@ class InferenceClient:
                 if not isinstance(replies, list) or len(replies) != len(members):
                     raise InferenceError(f"{self.urls[idx]}: a batch of {len(members)} requests got "
                                          f"{type(replies).__name__} {str(replies)[:100]!r}, not a list of replies")
-        except InferenceError as exc:
-            if len(members) == 1 or not isinstance(exc, _Refused):
-                return _settle(members, exc)
-            # a 4xx names one bad request at most: send each alone so that only it fails
-            singles = await asyncio.gather(*(self._send(idx, w.payload) for w in members), return_exceptions=True)
-            for w, reply in zip(members, singles, strict=True):
-                _settle([w], reply)
-            return None
-        except BaseException as exc:  # noqa: BLE001 - retryable errors and cancellation reach every member
-            _settle(members, exc if isinstance(exc, Exception) else _Retryable(f"batch cancelled: {exc!r}"))
-            if not isinstance(exc, Exception):
-                raise
-            return None
+        except Exception as exc:  # noqa: BLE001 - an error reaches every member
+            if len(members) > 1 and isinstance(exc, _Refused):
+                # a 4xx names one bad request at most: send each alone so that only it fails
+                replies = await asyncio.gather(*(self._send(idx, w.payload) for w in members), return_exceptions=True)
+            else:
+                replies = [exc] * len(members)
+        except BaseException as exc:  # cancellation reaches every member as a retryable error
+            for w in members:
+                _settle(w, _Retryable(f"batch cancelled: {exc!r}"))
+            raise
         for w, reply in zip(members, replies, strict=True):
-            _settle([w], reply)
-        return None
+            _settle(w, reply)
 
     async def _send(self, idx: int, payload: dict[str, Any]) -> Any:
         url = self.urls[idx] + "/generate"

@@ -7,6 +7,7 @@ JSON bodies come from :mod:`areal_agents.inference.protocol`.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -51,17 +52,12 @@ def _urls(addrs: Addrs) -> list[str]:
     return [normalize_address(a) for a in ([addrs] if isinstance(addrs, str) else addrs)]
 
 
-_CLIENT: httpx.Client | None = None
-
-
+@functools.cache
 def _client() -> httpx.Client:
     """One client for the process: a fresh one per request would build an SSL context (reading
     the CA bundle) every time, tens of ms per weight sync. No keep-alive, so a server that
     restarted is never reached through a dead pooled connection."""
-    global _CLIENT
-    if _CLIENT is None:
-        _CLIENT = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
-    return _CLIENT
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def _request(method: str, url: str, timeout: float, json: dict[str, Any] | None = None) -> httpx.Response:
@@ -95,9 +91,7 @@ def _post_concurrently(urls: list[str], path: str, payloads: list[dict[str, Any]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
-        futures = [pool.submit(_post_all, u, path, p, timeout) for u, p in zip(urls, payloads, strict=True)]
-        for fut in futures:
-            fut.result()
+        list(pool.map(lambda u, p: _post_all(u, path, p, timeout), urls, payloads))  # raises the first failure
 
 
 def wait_healthy(addrs: Addrs, timeout: float = 120.0, interval: float = 0.2) -> None:

@@ -53,21 +53,16 @@ def check_sglang() -> None:
     check_sglang_version("inference.backend")
 
 
-def _sglang_dtype(cfg: Any) -> str:
-    dtype = str(cfg.sglang.dtype)
-    return str(cfg.actor.dtype) if dtype.startswith("${") else dtype
-
-
 def sglang_command(cfg: Any, model_path: str | os.PathLike[str], port: int, server_index: int = 0) -> list[str]:
     """``python -m sglang.launch_server ...`` for server ``server_index`` (GPUs from index * tp)."""
-    tp = int(cfg.sglang.tp_size)
+    tp, dtype = int(cfg.sglang.tp_size), str(cfg.sglang.dtype)
     cmd = [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
         "--host", str(cfg.inference.host),
         "--port", str(int(port)),
         "--tp-size", str(tp),
-        "--dtype", _sglang_dtype(cfg),
+        "--dtype", str(cfg.actor.dtype) if dtype.startswith("${") else dtype,  # ${actor.dtype} unresolved: the actor's
         "--mem-fraction-static", str(cfg.sglang.mem_fraction_static),
         "--random-seed", str(int(cfg.sglang.random_seed) + server_index),
     ]  # fmt: skip
@@ -85,26 +80,18 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
     parser.add_argument("--weight-version", default="0", help="initial weight version")
-    parser.add_argument("--lora-paths", nargs="*", type=_lora_path, action=_Merge, metavar="NAME=DIR",
+    parser.add_argument("--lora-paths", nargs="*", type=_lora_path, action="extend", metavar="NAME=DIR",
                         help="LoRA adapters (PEFT dirs) to load at start, served under NAME (lora_path of /generate)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit once this process (the launcher) is gone (polled every 0.5 s)")
     return parser
 
 
-def _lora_path(text: str) -> dict[str, str]:
+def _lora_path(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR")
-    return {name: path}
-
-
-class _Merge(argparse.Action):
-    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
-        merged = dict(getattr(namespace, self.dest, None) or {})
-        for v in values or []:
-            merged.update(v)
-        setattr(namespace, self.dest, merged)
+    return name, path
 
 
 def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0,
@@ -156,9 +143,6 @@ class ServerHandle(contextlib.AbstractContextManager["ServerHandle"]):
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.process.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
                 self.process.wait(timeout=wait)
                 # the leader is gone; make sure no child of it survives either
                 os.killpg(self.process.pid, signal.SIGKILL)

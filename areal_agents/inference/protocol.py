@@ -141,8 +141,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     v: Any
     for key, default in (("max_new_tokens", 128), ("min_new_tokens", 0), ("n", 1), ("top_k", -1)):
-        v = sp.get(key, default)
-        v = default if v is None else v
+        v = default if sp.get(key) is None else sp[key]
         require(_is_int(v), f"sampling_params.{key} must be an integer (got {v!r})")
         out[key] = v
     require(out["max_new_tokens"] >= 0, f"sampling_params.max_new_tokens must be >= 0 (got {out['max_new_tokens']})")
@@ -150,8 +149,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     require(1 <= out["n"] <= 1024, "sampling_params.n must be in [1, 1024]")
     require(out["top_k"] == -1 or out["top_k"] >= 1, "sampling_params.top_k must be -1 or >= 1")
     for key, unset in (("temperature", 1.0), ("top_p", 1.0)):
-        v = sp.get(key, unset)
-        v = unset if v is None else v
+        v = unset if sp.get(key) is None else sp[key]
         require(isinstance(v, (int, float)) and not isinstance(v, bool) and v == v,
                 f"sampling_params.{key} must be a number (got {v!r})")
         out[key] = float(v)

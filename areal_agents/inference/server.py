@@ -47,8 +47,7 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = torch.float32 if device == "cpu" else "auto"
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model = model.to(device)
-    return model, tokenizer
+    return model.to(device), tokenizer
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -362,22 +361,18 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
     app[_STATE] = {"model_path": model_path, "tokenizer_path": tokenizer_path or model_path,
                    "group_pool": concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-group")}
     app[_GROUPS] = WeightGroups()
-    r = app.router
-    r.add_post("/generate", _generate)
-    r.add_post("/update_weights_from_disk", _update_weights_from_disk)
-    r.add_post("/init_weights_update_group", _init_weights_update_group)
-    r.add_post("/update_weights_from_distributed", _update_weights_from_distributed)
-    r.add_post("/pause_generation", _pause)
-    r.add_post("/continue_generation", _continue)
-    r.add_post("/abort_request", _abort_request)
+    for path, handler in (("/generate", _generate), ("/update_weights_from_disk", _update_weights_from_disk),
+                          ("/init_weights_update_group", _init_weights_update_group),
+                          ("/update_weights_from_distributed", _update_weights_from_distributed),
+                          ("/pause_generation", _pause), ("/continue_generation", _continue),
+                          ("/abort_request", _abort_request), ("/flush_cache", _flush_cache)):  # fmt: skip
+        app.router.add_post(path, handler)
     _lora_routes.add_routes(app, _ENGINE, _call, _json)
     for path, handler in (("/flush_cache", _flush_cache), ("/health", _health), ("/ready", _health),
                           ("/health_generate", _health_generate), ("/model_info", _model_info),
                           ("/get_model_info", _model_info), ("/server_info", _server_info),
                           ("/get_server_info", _server_info), ("/metrics", _metrics)):  # fmt: skip
-        r.add_get(path, handler)
-        if path == "/flush_cache":
-            r.add_post(path, handler)
+        app.router.add_get(path, handler)
 
     from areal_agents.openai_compat.http import add_serve_routes
 
@@ -427,7 +422,7 @@ def cli_serve(args: argparse.Namespace) -> int:
         watch_parent(args.parent_pid)
     model, tokenizer = load_model(path, args.device)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
-    for name, adapter_dir in (getattr(args, "lora_paths", None) or {}).items():
+    for name, adapter_dir in dict(getattr(args, "lora_paths", None) or ()).items():  # the last NAME=DIR wins
         try:
             engine.load_lora(_lora_routes.read_adapter(name, adapter_dir, model))
         except (ValueError, OSError) as exc:

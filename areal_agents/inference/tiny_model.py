@@ -9,6 +9,7 @@ same files. ``ensure_tiny_model`` caches the result under :func:`cache_dir`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -122,12 +123,8 @@ def _train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    def corpus() -> Iterable[str]:  # each text as often as a rendered prompt shows the role names
-        for t in texts:
-            yield str(t)
-            yield from _ROLES
-
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    # each text with the role names, as often as a rendered prompt shows them
+    tok.train_from_iterator(itertools.chain.from_iterable((str(t), *_ROLES) for t in texts), trainer=trainer)
     return tok
 
 

@@ -12,6 +12,7 @@ trajectories as :mod:`~areal_agents.openai_compat.trajectories` says.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from areal_agents.agent import Agent, checked_step, jsonable
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.http import Endpoint
-from areal_agents.openai_compat.ids import new_key
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.types import Trajectory, check_turn_discount
@@ -62,26 +62,6 @@ class _EpisodeGenerate:
         return self.llm._generate(ids, sampling)
 
 
-class _LazyEndpoint:
-    """The episode's loopback endpoint, started by the agent's first ``http_endpoint()`` call."""
-
-    __slots__ = ("endpoint", "key", "session")
-
-    def __init__(self, session: ChatSession, key: str) -> None:
-        self.session, self.key = session, key
-        self.endpoint: Endpoint | None = None
-
-    async def __call__(self) -> str:
-        if self.endpoint is None:
-            self.endpoint = Endpoint()
-            self.endpoint.add(self.session, self.key)
-        return f"{await self.endpoint.start()}/{self.key}/v1"
-
-    async def close(self) -> None:
-        if self.endpoint is not None:
-            await self.endpoint.close()
-
-
 class OpenAIAgent(Agent):
     """Plays an episode with an OpenAI-style agent function (see the module docstring)."""
 
@@ -103,9 +83,9 @@ class OpenAIAgent(Agent):
         except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
             return Trajectory(status="env_error", info={"error": f"reset: {type(exc).__name__}: {exc}"})
         session = ChatSession(llm.tokenizer, _EpisodeGenerate(llm), self.sampling or llm.default_sampling)
-        key = new_key()
-        endpoint = _LazyEndpoint(session, key)
-        client = EpisodeClient(session, api_key=key, endpoint=endpoint)
+        endpoint = Endpoint()  # it serves once the agent first asks for its URL (``http_endpoint()``)
+        key = endpoint.add(session)
+        client = EpisodeClient(session, api_key=key, endpoint=functools.partial(endpoint.base_url, key))
         try:
             result = await self.fn(client, dict(row or {}))
         finally:

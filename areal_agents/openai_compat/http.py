@@ -139,6 +139,10 @@ class Endpoint:
             self.url = f"http://{self.host}:{runner.addresses[0][1]}"
         return self.url
 
+    async def base_url(self, key: str) -> str:
+        """The OpenAI base URL (``http://HOST:PORT/<key>/v1``) of the session under ``key``; starts serving."""
+        return f"{await self.start()}/{key}/v1"
+
     def add(self, session: ChatSession, key: str | None = None) -> str:
         """Register ``session`` under ``key`` (default: a new one); returns the key."""
         key = new_key() if key is None else key

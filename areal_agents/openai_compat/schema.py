@@ -187,8 +187,7 @@ def parse_request(body: Any) -> ChatRequest:
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise _bad("response_format", "only {'type': 'text'} is supported")
-    tool_choice = body.get("tool_choice", "auto")
-    tool_choice = "auto" if tool_choice is None else tool_choice
+    tool_choice = "auto" if body.get("tool_choice") is None else body["tool_choice"]
     if not (tool_choice in ("auto", "none", "required") or isinstance(tool_choice, dict)
             and isinstance(tool_choice.get("function"), dict)):
         raise _bad("tool_choice", "must be auto, none, required or {'type': 'function', 'function': {'name': ...}}")

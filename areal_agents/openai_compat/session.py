@@ -203,9 +203,8 @@ class ChatSession:
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
             if calls:
                 message["tool_calls"] = calls
-            choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
-                                      "logprobs": self._logprobs(gen) if req.logprobs else None}
-            choices.append(choice)
+            choices.append({"index": i, "message": message, "finish_reason": finish,
+                            "logprobs": self._logprobs(gen) if req.logprobs else None})
             prompt_tokens = start
             completion_tokens += end - start
             self.records.append(CallRecord(
