@@ -44,11 +44,9 @@ def classify_error(exc: BaseException) -> str:
     """
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return "timeout"
-    if isinstance(exc, ConnectionError):
+    if isinstance(exc, ConnectionError) or any(cls.__module__.startswith(_SERVER_ERROR_MODULES)
+                                               for cls in type(exc).__mro__):
         return "server_error"
-    for cls in type(exc).__mro__:
-        if cls.__module__.startswith(_SERVER_ERROR_MODULES):
-            return "server_error"
     return "env_error"
 
 
@@ -132,8 +130,7 @@ def make_episode_fn(
             try:
                 traj = await agent.run(env, llm, row, seed=seed)
             except Exception as exc:
-                status = classify_error(exc)
-                if status != "env_error":
+                if (status := classify_error(exc)) != "env_error":
                     return _failed(status, exc)
                 return _failed(blame(exc, env, agent), describe(exc))
         finally:
@@ -145,10 +142,9 @@ def make_episode_fn(
         return traj
 
     async def episode_fn(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
+        episode = play(row, seed, episode_id)
         try:
-            if episode_timeout is None:
-                return await play(row, seed, episode_id)
-            return await with_deadline(play(row, seed, episode_id), episode_timeout)
+            return await (episode if episode_timeout is None else with_deadline(episode, episode_timeout))
         except Exception as exc:
             return _failed(classify_error(exc), exc)
         except SystemExit as exc:  # an env calling sys.exit() must not stop the rollout event loop
@@ -160,12 +156,11 @@ def make_episode_fn(
 def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature: float | None = None) -> dict[str, Any]:
     """SGLang ``sampling_params`` for one LLM turn."""
     s = cfg.sampling
-    params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+    params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens,
+                              "temperature": s.temperature if temperature is None else temperature,
                               "top_p": s.top_p, "top_k": s.top_k}
     if s.stop:
         params["stop"] = list(s.stop)
-    if temperature is not None:
-        params["temperature"] = temperature
     if greedy:
         params.update(temperature=0.0, top_p=1.0, top_k=-1)
     return params

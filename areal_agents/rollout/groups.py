@@ -125,7 +125,8 @@ class Group:
 
     ``key`` is the row's dataloader position for auto-fed rows (``None`` for rows passed to
     ``submit``); ``stale`` is set when the group can no longer be consumed within the
-    staleness bound and its episodes were cancelled.
+    staleness bound and its episodes were cancelled; ``cancel_reason`` is why its episodes were
+    cancelled (``stale`` or ``shutdown``), if they were.
     """
 
     serial: int
@@ -136,16 +137,16 @@ class Group:
     key: tuple[int, int] | None = None
     start_version: int = -1
     stale: bool = False
+    cancel_reason: str = ""
     trajectories: list[Trajectory | None] = field(default_factory=list)
-    tasks: set[Any] = field(default_factory=set)
-    done: int = 0
+    tasks: set[Any] = field(default_factory=set)  # running episode tasks
 
     def __post_init__(self) -> None:
         self.trajectories = [None] * self.size
 
     @property
     def complete(self) -> bool:
-        return self.done == self.size
+        return None not in self.trajectories
 
     def members(self) -> list[Trajectory]:
         return [t for t in self.trajectories if t is not None]

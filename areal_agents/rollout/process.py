@@ -124,23 +124,16 @@ def _register(blob: bytes) -> None:
 
 
 def _child(fd: int) -> None:
-    """The child's entry point (``python -c``): the parent's ``sys.path``, then :func:`_serve`."""
+    """The child's entry point (``python -c``): takes the parent's ``sys.path``, builds the executor,
+    then answers calls until ``shutdown`` or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
     conn = Connection(fd)
-    try:
-        path, blob, cfg, addresses, model_path = conn.recv()
-    except (EOFError, OSError):
-        return
-    sys.path[:] = path
-    _serve(conn, blob, cfg, addresses, model_path)
-
-
-def _serve(conn: Connection, blob: bytes, cfg: ExperimentConfig, addresses: list[str], model_path: str) -> None:
-    """Build the executor, then answer calls until ``shutdown`` or the parent is gone."""
     executor: RolloutExecutor | None = None
     try:
+        path, blob, cfg, addresses, model_path = conn.recv()
+        sys.path[:] = path
         try:
             _register(blob)
             from areal_agents.rewards import RewardRunner, set_default_runner
@@ -256,8 +249,7 @@ class RolloutProcess:
         return self._started and not self._closed
 
     def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
-        result: list[list[Trajectory]] = self._call("prepare_batch", timeout)
-        return result
+        return self._call("prepare_batch", timeout)
 
     def stats(self) -> dict[str, float]:
         return dict(self._call("stats"))
