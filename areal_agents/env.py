@@ -44,15 +44,12 @@ def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 
 class _ElasticThreads:
-    """Daemon worker threads that are reused, and added whenever none is idle.
+    """Daemon worker threads that are reused, and added whenever none is idle (see :func:`run_in_thread`).
 
-    A call that never returns parks only the thread running it; the next call gets another
-    thread, so hung env calls can neither starve the others nor hold up shutdown (daemon
-    threads). Reuse saves a thread start per env call (under GIL pressure, starting a thread
-    stalls the event loop that asked for it). Idle threads are reused in turn, the longest idle
-    first, so that under steady load none sits idle long enough to leave, and the next burst
-    of env calls finds the threads the last one started; a thread idle for ``idle_s`` seconds
-    leaves.
+    Reuse saves a thread start per env call (under GIL pressure, starting a thread stalls the
+    event loop that asked for it). Idle threads are reused in turn, the longest idle first, so
+    that under steady load none sits idle long enough to leave, and the next burst of env calls
+    finds the threads the last one started; a thread idle for ``idle_s`` seconds leaves.
     """
 
     def __init__(self, idle_s: float = 1.0) -> None:

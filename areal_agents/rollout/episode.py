@@ -11,6 +11,7 @@ and pass@k. No torch here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -182,12 +183,9 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
     if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
         return OpenAIAgent.build(agent_cls, dict(cfg.agent.kwargs), turn_discount=cfg.env.turn_discount,
                                  sampling=sampling)
-    kwargs: dict[str, Any] = dict(
-        max_turns=cfg.agent.max_turns, max_tokens=cfg.agent.max_tokens, system_prompt=cfg.agent.system_prompt,
-        turn_discount=cfg.env.turn_discount, sampling=sampling,
-    )
-    kwargs.update(cfg.agent.kwargs)
-    return agent_cls(**kwargs)
+    return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
+                        "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,
+                        "sampling": sampling, **cfg.agent.kwargs})
 
 
 def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],
@@ -199,12 +197,8 @@ def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, samp
     """
     from areal_agents.inference.llm_client import ClientLLM
 
-    agent = build_agent(cfg, sampling)
-
-    def llm_factory(episode_id: str) -> ClientLLM:
-        return ClientLLM(tokenizer, client, rid=episode_id, default_sampling=sampling)
-
-    return make_episode_fn(env_factory(cfg), agent, llm_factory, episode_timeout=episode_timeout)
+    llm_factory = functools.partial(ClientLLM, tokenizer, client, default_sampling=sampling)  # (rid) -> ClientLLM
+    return make_episode_fn(env_factory(cfg), build_agent(cfg, sampling), llm_factory, episode_timeout=episode_timeout)
 
 
 def episode_solved(traj: Trajectory) -> bool:

@@ -304,14 +304,10 @@ class RolloutExecutor:
         so far (``skip_no_signal``); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
         rates cover every episode finished since the previous batch.
         """
-        counts = self.counts()
         with self._cond:
-            out: dict[str, float] = dict(self._last_batch)
-            out.update({f"rollout/{k}": float(v) for k, v in counts.items() if k != "ready_groups"})
-            out.update(self._ledger.metrics())
-            out["rollout/version"] = float(self._version)
-            out["rollout/skipped_rows"] = float(self._feeder.skipped)
-        return out
+            counts = {f"rollout/{k}": float(v) for k, v in self.counts().items() if k != "ready_groups"}
+            return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
+                    "rollout/skipped_rows": float(self._feeder.skipped)}
 
     def state_dict(self) -> dict[str, Any]:
         """Dataloader position plus the rows of groups not yet consumed (re-run after recovery)."""

@@ -184,11 +184,9 @@ class Ledger:
 
         In a group dropped as ``stale``, the episodes the executor cancelled for it (``aborted``)
         count as dropped: nothing failed, the staleness rule discarded them."""
-        n_failed = 0
-        for t in members:
-            if not t.ok and not (drop_reason == "stale" and t.status == "aborted"):
-                self.failed_by_status[t.status] += 1
-                n_failed += 1
+        failed = [t.status for t in members if not t.ok and not (drop_reason == "stale" and t.status == "aborted")]
+        self.failed_by_status.update(failed)
+        n_failed = len(failed)
         self.failed += n_failed
         if drop_reason != "stale":  # cancelled stale groups say nothing about the env or servers
             if members and n_failed == len(members):

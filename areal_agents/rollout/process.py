@@ -85,7 +85,7 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
     for kind in _KINDS:
         for name, entry in get_registry(kind).entries().items():
             try:
-                _dumps(entry)
+                _NoMainPickler(io.BytesIO()).dump(entry)
             except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
                 if (kind, name) in needed:
                     raise ValueError(f"{kind[:-1]} {name!r} cannot be sent to the rollout process "
@@ -96,20 +96,13 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
 
 
 class _NoMainPickler(pickle.Pickler):
-    """Refuses classes and functions of ``__main__``: the child does not run the script again
-    (a script without an ``if __name__ == "__main__":`` guard would start another run)."""
+    """Refuses classes and functions of ``__main__``, which the child does not import (see the module doc)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
             raise pickle.PicklingError(f"{obj.__qualname__} is defined in the script being run (__main__); "
                                        "move it into a module")
         return NotImplemented
-
-
-def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    _NoMainPickler(buf).dump(obj)
-    return buf.getvalue()
 
 
 def _register(blob: bytes) -> None:
