@@ -102,17 +102,14 @@ class RolloutExecutor:
         self._state = "new"  # new -> running -> closing -> closed
         self._error: BaseException | None = None
         self._paused = False
-        self._version = 0
-        self._serial = 0
+        self._version = self._serial = 0
         self._pending: deque[Group] = deque()  # submitted, not launched yet
         self._active: dict[int, Group] = {}  # launched, not resolved
         self._ready: list[tuple[int, int, Group]] = []  # heap by (start_version, serial)
-        self._running = 0
+        self._running = self._finished = self._gen_tokens = 0  # episodes running; finished and tokens generated
         self._delivered_groups = 0  # groups handed out or in the ready queue (capacity)
         self._consumed_groups = 0
         self._ledger = Ledger()
-        self._finished = 0
-        self._gen_tokens = 0
         self._last_batch: dict[str, float] = {}
         self._rate_mark = (time.monotonic(), 0, 0)
 

@@ -51,9 +51,7 @@ class RowFeeder:
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.skip = float(skip)
-        self.epoch = 0
-        self.index = 0
-        self.skipped = 0
+        self.epoch = self.index = self.skipped = 0
         self.no_signal: set[int] = set()  # rows whose last group gave no learning signal
         self._orders: dict[int, list[int]] = {}  # the last two epochs' orders (groups resolve across a boundary)
 

@@ -201,11 +201,10 @@ class RolloutProcess:
                 got, ok, value = self._conn.recv()
             except (EOFError, OSError):
                 raise RolloutProcessDied(f"the rollout process exited (exit code {self._exit_code()})") from None
-            if got != seq:
-                continue
-            if not ok:
-                raise value
-            return value
+            if got == seq:
+                if not ok:
+                    raise value
+                return value
 
     def _call(self, name: str, *args: Any, timeout: float | None = None) -> Any:
         with self._lock:
