@@ -136,12 +136,11 @@ class RolloutExecutor:
             self._cond.notify_all()
         if state != "running":
             return
-        thread = self._thread
-        assert thread is not None
+        assert self._thread is not None
         try:
-            thread.run(self._aclose(timeout / 2), timeout)
+            self._thread.run(self._aclose(timeout / 2), timeout)
         finally:
-            thread.stop(timeout)
+            self._thread.stop(timeout)
             with self._cond:
                 self._state = "closed"
 
