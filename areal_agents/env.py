@@ -358,7 +358,7 @@ def _check_obs(env: Any, obs: Any, info: Any, where: str) -> None:
 def _check_reset(env: Env, out: Any, where: str) -> Observation:
     if not isinstance(out, tuple) or len(out) != 2:
         _fail(env, f"{where} must return (observation, info), got {type(out).__name__} {out!r:.80}")
-    _check_obs(env, *out, where)
+    _check_obs(env, out[0], out[1], where)
     return out[0]
 
 

@@ -117,8 +117,7 @@ class LLM(ABC):
         """A copy of this handle whose recording goes on separately (e.g. for ``n`` samples of one prompt)."""
         twin = copy.copy(self)
         twin._rec = self._rec.copy()
-        for name in ("_finish_reasons", "_messages"):
-            setattr(twin, name, list(getattr(self, name)))
+        twin._finish_reasons, twin._messages = list(self._finish_reasons), list(self._messages)
         return twin
 
     # -- recorded state ---------------------------------------------------------------------
