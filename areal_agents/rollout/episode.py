@@ -169,9 +169,7 @@ def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature:
 
 def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
     """A zero-argument constructor of the configured env."""
-    env_cls = envs.get(cfg.env.name)
-    kwargs = dict(cfg.env.kwargs)
-    return lambda: env_cls(**kwargs)
+    return functools.partial(envs.get(cfg.env.name), **cfg.env.kwargs)
 
 
 def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
