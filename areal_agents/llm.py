@@ -13,7 +13,7 @@ import json
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from areal_agents.types import Trajectory
@@ -179,8 +179,7 @@ class LLM(ABC):
         return str(memo(self._cache, ("render", key), render))
 
     def _sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        merged = {**self.default_sampling, **overrides}
-        return {k: v for k, v in merged.items() if v is not None}
+        return {k: v for k, v in {**self.default_sampling, **overrides}.items() if v is not None}
 
     # -- token-level API ----------------------------------------------------------------------
     async def _record_generation(self, sampling: dict[str, Any]) -> Generation:
@@ -295,6 +294,4 @@ class LLM(ABC):
         cut = traj.turn_spans[0][0] if traj.turn_spans else traj.num_tokens
         traj.prompt_text = self.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)
         traj.completion_text = self.tokenizer.decode(traj.input_ids[cut:], skip_special_tokens=False)
-        for key, value in fields.items():
-            setattr(traj, key, value)
-        return traj
+        return replace(traj, **fields)
