@@ -7,7 +7,6 @@ token-recording :class:`~areal_agents.llm.LLM`, and returns the episode as a
 
 from __future__ import annotations
 
-import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -35,11 +34,7 @@ def jsonable(value: Any) -> Any:
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
+    return repr(value)  # json.dumps takes only the types above
 
 
 class Agent(ABC):
@@ -163,10 +158,8 @@ class ChatAgent(Agent):
             getattr(env, "tools", None) or None
         names = {t.get("function", t).get("name") for t in tools} if tools else set()
         num_calls = 0
-        messages: list[dict[str, Any]] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages += _as_messages(obs)
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages: list[dict[str, Any]] = [*system, *_as_messages(obs)]
         rewards: list[float] = []
         budget = self.max_tokens
         end_reason = "max_turns"

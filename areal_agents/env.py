@@ -44,15 +44,12 @@ def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 
 class _ElasticThreads:
-    """Daemon worker threads that are reused, and added whenever none is idle.
+    """Daemon worker threads that are reused, and added whenever none is idle (see :func:`run_in_thread`).
 
-    A call that never returns parks only the thread running it; the next call gets another
-    thread, so hung env calls can neither starve the others nor hold up shutdown (daemon
-    threads). Reuse saves a thread start per env call (under GIL pressure, starting a thread
-    stalls the event loop that asked for it). Idle threads are reused in turn, the longest idle
-    first, so that under steady load none sits idle long enough to leave, and the next burst
-    of env calls finds the threads the last one started; a thread idle for ``idle_s`` seconds
-    leaves.
+    Reuse saves a thread start per env call (under GIL pressure, starting a thread stalls the
+    event loop that asked for it). Idle threads are reused in turn, the longest idle first, so
+    that under steady load none sits idle long enough to leave, and the next burst of env calls
+    finds the threads the last one started; a thread idle for ``idle_s`` seconds leaves.
     """
 
     def __init__(self, idle_s: float = 1.0) -> None:
@@ -123,9 +120,7 @@ class TextSpace(gymnasium.spaces.Space):
         self.allow_messages = allow_messages
 
     def contains(self, x: Any) -> bool:
-        if isinstance(x, str):
-            return True
-        return self.allow_messages and _is_messages(x)
+        return isinstance(x, str) or (self.allow_messages and _is_messages(x))
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         return ""
@@ -264,7 +259,6 @@ class TurnLimitedEnv(Env):
         if max_turns < 1:
             raise ValueError(f"{type(self).__name__}: max_turns must be >= 1 (got {max_turns})")
         self.max_turns = max_turns
-        self.row: dict[str, Any] | None = None
         self.turn = 0
         self.done = True
 
@@ -353,23 +347,19 @@ def _is_bool(x: Any) -> bool:
     return isinstance(x, (bool, np.bool_))
 
 
-def _check_obs(env: Any, obs: Any, where: str) -> None:
+def _check_obs(env: Any, obs: Any, info: Any, where: str) -> None:
     if not isinstance(obs, str) and not _is_messages(obs):
-        _fail(
-            env,
-            f"{where} returned an observation of type {type(obs).__name__}; return a str or a list of "
-            "{'role': str, 'content': str} messages",
-        )
+        _fail(env, f"{where} returned an observation of type {type(obs).__name__}; return a str or a list of "
+              "{'role': str, 'content': str} messages")
+    if not isinstance(info, dict):
+        _fail(env, f"{where} must return info as a dict, got {type(info).__name__}")
 
 
 def _check_reset(env: Env, out: Any, where: str) -> Observation:
     if not isinstance(out, tuple) or len(out) != 2:
         _fail(env, f"{where} must return (observation, info), got {type(out).__name__} {out!r:.80}")
-    obs, info = out
-    _check_obs(env, obs, where)
-    if not isinstance(info, dict):
-        _fail(env, f"{where} must return info as a dict, got {type(info).__name__}")
-    return obs
+    _check_obs(env, out[0], out[1], where)
+    return out[0]
 
 
 def _check_step(env: Env, out: Any, where: str, unreported: list[str]) -> tuple[Observation, float, bool, bool]:
@@ -379,7 +369,7 @@ def _check_step(env: Env, out: Any, where: str, unreported: list[str]) -> tuple[
         n = len(out) if isinstance(out, tuple) else type(out).__name__
         _fail(env, f"{where} must return 5 values (observation, reward, terminated, truncated, info); got {n}")
     obs, reward, terminated, truncated, info = out
-    _check_obs(env, obs, where)
+    _check_obs(env, obs, info, where)
     if _is_bool(reward) or not isinstance(reward, numbers.Real):
         _fail(env, f"{where} returned reward {reward!r} of type {type(reward).__name__}; return a float")
     if not math.isfinite(float(reward)):
@@ -387,8 +377,6 @@ def _check_step(env: Env, out: Any, where: str, unreported: list[str]) -> tuple[
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not _is_bool(flag):
             _fail(env, f"{where} returned {name}={flag!r} ({type(flag).__name__}); return a bool")
-    if not isinstance(info, dict):
-        _fail(env, f"{where} must return info as a dict, got {type(info).__name__}")
     success = info.get("success")
     if success is not None and not _is_bool(success):
         _fail(env, f"{where} returned info['success']={success!r} ({type(success).__name__}); return a bool")

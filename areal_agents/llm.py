@@ -13,7 +13,7 @@ import json
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from areal_agents.types import Trajectory
@@ -117,8 +117,7 @@ class LLM(ABC):
         """A copy of this handle whose recording goes on separately (e.g. for ``n`` samples of one prompt)."""
         twin = copy.copy(self)
         twin._rec = self._rec.copy()
-        for name in ("_finish_reasons", "_messages"):
-            setattr(twin, name, list(getattr(self, name)))
+        twin._finish_reasons, twin._messages = list(self._finish_reasons), list(self._messages)
         return twin
 
     # -- recorded state ---------------------------------------------------------------------
@@ -159,22 +158,18 @@ class LLM(ABC):
     def _encode(self, text: str) -> list[int]:
         if not text:
             return []
-        ids = memo(
-            self._cache, ("text", text), lambda: tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))
-        )
-        return list(ids)
+        return list(memo(self._cache, ("text", text),
+                         lambda: tuple(int(i) for i in self.tokenizer.encode(text, add_special_tokens=False))))
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         extra = {"tools": self._tools} if self._tools else {}
 
         def render() -> str:
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
-            )
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                                      **extra)
             if not isinstance(text, str):
-                raise TypeError(
-                    f"tokenizer.apply_chat_template(tokenize=False) returned {type(text).__name__}, not str"
-                )
+                raise TypeError("tokenizer.apply_chat_template(tokenize=False) returned "
+                                f"{type(text).__name__}, not str")
             return text
 
         try:
@@ -184,17 +179,15 @@ class LLM(ABC):
         return str(memo(self._cache, ("render", key), render))
 
     def _sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        merged = {**self.default_sampling, **overrides}
-        return {k: v for k, v in merged.items() if v is not None}
+        return {k: v for k, v in {**self.default_sampling, **overrides}.items() if v is not None}
 
     # -- token-level API ----------------------------------------------------------------------
     async def _record_generation(self, sampling: dict[str, Any]) -> Generation:
         gen = await self._generate(list(self._rec.input_ids), self._sampling(sampling))
         n = len(gen.output_ids)
         if len(gen.logprobs) != n or len(gen.versions) != n:
-            raise ValueError(
-                f"backend returned {n} output ids but {len(gen.logprobs)} logprobs and {len(gen.versions)} versions"
-            )
+            raise ValueError(f"backend returned {n} output ids but {len(gen.logprobs)} logprobs and "
+                             f"{len(gen.versions)} versions")
         start = self._rec.num_tokens
         self._rec.append_tokens(gen.output_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
         self._rec.turn_spans.append((start, start + n))
@@ -211,10 +204,8 @@ class LLM(ABC):
         ids = [int(i) for i in input_ids]
         n = self._rec.num_tokens
         if ids[:n] != self._rec.input_ids:
-            raise ValueError(
-                f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
-                "(extend the sequence, or call llm.reset() to start a new episode)"
-            )
+            raise ValueError(f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
+                             "(extend the sequence, or call llm.reset() to start a new episode)")
         self._rec.append_tokens(ids[n:], generated=False)
         return await self._record_generation(sampling)
 
@@ -223,9 +214,7 @@ class LLM(ABC):
         """Text the chat template puts after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
         if self._turn_end is None:
             probe = "Zq7ProbeQz"
-            text = self._render(
-                [{"role": "user", "content": "x"}, {"role": "assistant", "content": probe}], False
-            )
+            text = self._render([{"role": "user", "content": "x"}, {"role": "assistant", "content": probe}], False)
             pos = text.rfind(probe)
             self._turn_end = text[pos + len(probe):] if pos >= 0 else ""
         return self._turn_end
@@ -238,10 +227,8 @@ class LLM(ABC):
             old, full = self._render(before, False), self._render(before + new, True)
             if full.startswith(old):
                 return full[len(old):]
-        raise ValueError(
-            "llm.chat: the tokenizer's chat template is not append-only (rendering more messages changes "
-            "the text of earlier ones), so new turns cannot be appended as tokens"
-        )
+        raise ValueError("llm.chat: the tokenizer's chat template is not append-only (rendering more messages changes "
+                         "the text of earlier ones), so new turns cannot be appended as tokens")
 
     def _close_turn(self, gen: Generation) -> None:
         """Append the template's end-of-turn text after a generated turn, as context.
@@ -280,20 +267,18 @@ class LLM(ABC):
             if not messages:
                 raise ValueError("llm.chat: messages is empty")
             self._tools = [dict(t) for t in tools] if tools else None
-            prompt = self._render(messages, True)
-            ids = self._encode(prompt)
-            self._rec.append_tokens(ids, generated=False)
+            text = self._render(messages, True)
         else:
             if len(messages) <= n or any(
                 a.get("role") != b.get("role") or (a.get("role") != "assistant" and a.get("content") != b.get("content"))
                 for a, b in zip(messages[:n], self._messages, strict=True)
             ) or (tools and tools != self._tools):
-                raise ValueError(
-                    f"llm.chat: messages must repeat the {n} messages of this episode so far (with the replies "
-                    "chat returned) and add at least one new message; use a new LLM (or llm.reset()) per episode"
-                )
-            self._rec.append_tokens(self._encode(self._delta_text(messages[n:])), generated=False)
-        self._messages = self._messages[:n] + messages[n:] if n else messages
+                raise ValueError(f"llm.chat: messages must repeat the {n} messages of this episode so far (with "
+                                 "the replies chat returned) and add at least one new message; use a new LLM (or "
+                                 "llm.reset()) per episode")
+            text = self._delta_text(messages[n:])
+        self._rec.append_tokens(self._encode(text), generated=False)
+        self._messages += messages[n:]
         self._rec.append_tokens(self._encode(prefix), generated=False)
         gen = await self._record_generation(sampling)
         text = prefix + self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=True)
@@ -309,6 +294,4 @@ class LLM(ABC):
         cut = traj.turn_spans[0][0] if traj.turn_spans else traj.num_tokens
         traj.prompt_text = self.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)
         traj.completion_text = self.tokenizer.decode(traj.input_ids[cut:], skip_special_tokens=False)
-        for key, value in fields.items():
-            setattr(traj, key, value)
-        return traj
+        return replace(traj, **fields)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -32,11 +33,7 @@ def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> tuple[flo
     (0.5, [0.5, 1.0])
     """
     check_turn_discount(gamma)
-    returns: list[float] = []
-    g = 0.0
-    for r in reversed(list(turn_rewards)):
-        g = float(r) + gamma * g
-        returns.append(g)
+    returns = list(itertools.accumulate(reversed([float(r) for r in turn_rewards]), lambda g, r: r + gamma * g))
     returns.reverse()
     return (returns[0] if returns else 0.0), returns
 

@@ -11,6 +11,7 @@ and pass@k. No torch here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,11 +45,9 @@ def classify_error(exc: BaseException) -> str:
     """
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return "timeout"
-    if isinstance(exc, ConnectionError):
+    if isinstance(exc, ConnectionError) or any(cls.__module__.startswith(_SERVER_ERROR_MODULES)
+                                               for cls in type(exc).__mro__):
         return "server_error"
-    for cls in type(exc).__mro__:
-        if cls.__module__.startswith(_SERVER_ERROR_MODULES):
-            return "server_error"
     return "env_error"
 
 
@@ -132,8 +131,7 @@ def make_episode_fn(
             try:
                 traj = await agent.run(env, llm, row, seed=seed)
             except Exception as exc:
-                status = classify_error(exc)
-                if status != "env_error":
+                if (status := classify_error(exc)) != "env_error":
                     return _failed(status, exc)
                 return _failed(blame(exc, env, agent), describe(exc))
         finally:
@@ -145,10 +143,9 @@ def make_episode_fn(
         return traj
 
     async def episode_fn(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
+        episode = play(row, seed, episode_id)
         try:
-            if episode_timeout is None:
-                return await play(row, seed, episode_id)
-            return await with_deadline(play(row, seed, episode_id), episode_timeout)
+            return await (episode if episode_timeout is None else with_deadline(episode, episode_timeout))
         except Exception as exc:
             return _failed(classify_error(exc), exc)
         except SystemExit as exc:  # an env calling sys.exit() must not stop the rollout event loop
@@ -160,12 +157,11 @@ def make_episode_fn(
 def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature: float | None = None) -> dict[str, Any]:
     """SGLang ``sampling_params`` for one LLM turn."""
     s = cfg.sampling
-    params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+    params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens,
+                              "temperature": s.temperature if temperature is None else temperature,
                               "top_p": s.top_p, "top_k": s.top_k}
     if s.stop:
         params["stop"] = list(s.stop)
-    if temperature is not None:
-        params["temperature"] = temperature
     if greedy:
         params.update(temperature=0.0, top_p=1.0, top_k=-1)
     return params
@@ -173,9 +169,7 @@ def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature:
 
 def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
     """A zero-argument constructor of the configured env."""
-    env_cls = envs.get(cfg.env.name)
-    kwargs = dict(cfg.env.kwargs)
-    return lambda: env_cls(**kwargs)
+    return functools.partial(envs.get(cfg.env.name), **cfg.env.kwargs)
 
 
 def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
@@ -187,12 +181,9 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
     if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
         return OpenAIAgent.build(agent_cls, dict(cfg.agent.kwargs), turn_discount=cfg.env.turn_discount,
                                  sampling=sampling)
-    kwargs: dict[str, Any] = dict(
-        max_turns=cfg.agent.max_turns, max_tokens=cfg.agent.max_tokens, system_prompt=cfg.agent.system_prompt,
-        turn_discount=cfg.env.turn_discount, sampling=sampling,
-    )
-    kwargs.update(cfg.agent.kwargs)
-    return agent_cls(**kwargs)
+    return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
+                        "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,
+                        "sampling": sampling, **cfg.agent.kwargs})
 
 
 def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],
@@ -204,12 +195,8 @@ def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, samp
     """
     from areal_agents.inference.llm_client import ClientLLM
 
-    agent = build_agent(cfg, sampling)
-
-    def llm_factory(episode_id: str) -> ClientLLM:
-        return ClientLLM(tokenizer, client, rid=episode_id, default_sampling=sampling)
-
-    return make_episode_fn(env_factory(cfg), agent, llm_factory, episode_timeout=episode_timeout)
+    llm_factory = functools.partial(ClientLLM, tokenizer, client, default_sampling=sampling)  # (rid) -> ClientLLM
+    return make_episode_fn(env_factory(cfg), build_agent(cfg, sampling), llm_factory, episode_timeout=episode_timeout)
 
 
 def episode_solved(traj: Trajectory) -> bool:

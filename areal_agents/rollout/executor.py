@@ -54,17 +54,6 @@ __all__ = ["RolloutExecutor"]
 log = logging.getLogger("areal_agents.rollout")
 
 
-class _Episode:
-    """One running episode: its task, and why it was cancelled, if it was."""
-
-    __slots__ = ("group", "k", "task", "reason")
-
-    def __init__(self, group: Group, k: int) -> None:
-        self.group, self.k = group, k
-        self.task: asyncio.Future[Any] | None = None
-        self.reason = ""  # "stale" | "shutdown" once cancelled
-
-
 class RolloutExecutor:
     """Runs episode groups asynchronously and returns training batches (see the module doc).
 
@@ -113,17 +102,14 @@ class RolloutExecutor:
         self._state = "new"  # new -> running -> closing -> closed
         self._error: BaseException | None = None
         self._paused = False
-        self._version = 0
-        self._serial = 0
+        self._version = self._serial = 0
         self._pending: deque[Group] = deque()  # submitted, not launched yet
         self._active: dict[int, Group] = {}  # launched, not resolved
         self._ready: list[tuple[int, int, Group]] = []  # heap by (start_version, serial)
-        self._running = 0
+        self._running = self._finished = self._gen_tokens = 0  # episodes running; finished and tokens generated
         self._delivered_groups = 0  # groups handed out or in the ready queue (capacity)
         self._consumed_groups = 0
         self._ledger = Ledger()
-        self._finished = 0
-        self._gen_tokens = 0
         self._last_batch: dict[str, float] = {}
         self._rate_mark = (time.monotonic(), 0, 0)
 
@@ -150,12 +136,11 @@ class RolloutExecutor:
             self._cond.notify_all()
         if state != "running":
             return
-        thread = self._thread
-        assert thread is not None
+        assert self._thread is not None
         try:
-            thread.run(self._aclose(timeout / 2), timeout)
+            self._thread.run(self._aclose(timeout / 2), timeout)
         finally:
-            thread.stop(timeout)
+            self._thread.stop(timeout)
             with self._cond:
                 self._state = "closed"
 
@@ -315,14 +300,10 @@ class RolloutExecutor:
         so far (``skip_no_signal``); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
         rates cover every episode finished since the previous batch.
         """
-        counts = self.counts()
         with self._cond:
-            out: dict[str, float] = dict(self._last_batch)
-            out.update({f"rollout/{k}": float(v) for k, v in counts.items() if k != "ready_groups"})
-            out.update(self._ledger.metrics())
-            out["rollout/version"] = float(self._version)
-            out["rollout/skipped_rows"] = float(self._feeder.skipped)
-        return out
+            counts = {f"rollout/{k}": float(v) for k, v in self.counts().items() if k != "ready_groups"}
+            return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
+                    "rollout/skipped_rows": float(self._feeder.skipped)}
 
     def state_dict(self) -> dict[str, Any]:
         """Dataloader position plus the rows of groups not yet consumed (re-run after recovery)."""
@@ -353,10 +334,9 @@ class RolloutExecutor:
         with self._cond:
             while self._pending:  # never launched: they end as aborted
                 self._ledger.fail_unlaunched(self._pending.popleft().size)
-            episodes = [ep for g in self._active.values() for ep in g.tasks]
-        for ep in episodes:
-            self._cancel(ep, "shutdown")
-        tasks = [ep.task for ep in episodes if ep.task is not None]
+            groups = list(self._active.values())
+        tasks = [task for g in groups for task in g.tasks]
+        self._cancel_groups(groups, "shutdown")
         if tasks:
             _, still = await asyncio.wait(tasks, timeout=grace)
             if still:
@@ -414,39 +394,30 @@ class RolloutExecutor:
         g.start_version = self._version
         self._active[g.serial] = g
         for k in range(g.size):
-            ep = _Episode(g, k)
+            task: asyncio.Future[Any]
             try:
                 episode = self._episode_fn(dict(g.row), g.seed + k, f"{g.group_id}-{k}")
-                ep.task = asyncio.ensure_future(with_deadline(episode, self.cfg.episode_timeout), loop=loop)
+                task = asyncio.ensure_future(with_deadline(episode, self.cfg.episode_timeout), loop=loop)
             except Exception as exc:  # episode_fn failed before returning an awaitable
-                ep.task = loop.create_future()
-                ep.task.set_exception(exc)
-            g.tasks.add(ep)
+                task = loop.create_future()
+                task.set_exception(exc)
+            g.tasks.add(task)
             self._running += 1
-            ep.task.add_done_callback(functools.partial(self._on_done, ep))
-
-    @staticmethod
-    def _cancel(ep: _Episode, reason: str) -> None:
-        if ep.task is not None and not ep.task.done():
-            ep.reason = ep.reason or reason
-            ep.task.cancel()
+            task.add_done_callback(functools.partial(self._on_done, g, k))
 
     # ------------------------------------------------------------------ completion
-    def _on_done(self, ep: _Episode, _task: object = None) -> None:
-        g = ep.group
-        assert ep.task is not None
+    def _on_done(self, g: Group, k: int, task: asyncio.Future[Any]) -> None:
         try:
-            traj = episode_outcome(ep.task, ep.reason, self._turn_discount)
+            traj = episode_outcome(task, g.cancel_reason, self._turn_discount)
             traj.group_id, traj.start_version = g.group_id, g.start_version
-            traj.info.setdefault("episode_id", f"{g.group_id}-{ep.k}")
-            traj.info.setdefault("seed", g.seed + ep.k)
+            traj.info.setdefault("episode_id", f"{g.group_id}-{k}")
+            traj.info.setdefault("seed", g.seed + k)
             with self._cond:
                 self._running -= 1
                 self._finished += 1
                 self._gen_tokens += traj.num_generated
-                g.tasks.discard(ep)
-                g.trajectories[ep.k] = traj
-                g.done += 1
+                g.tasks.discard(task)
+                g.trajectories[k] = traj
                 if g.complete:
                     self._resolve_locked(g)
         except Exception as exc:  # e.g. a user group filter raising
@@ -470,14 +441,13 @@ class RolloutExecutor:
         else:
             for t in failed:  # failure_policy == "zero": keep, with no reward
                 t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
-            signal = self._filter is None or self._filter(members)
-            if not signal:
-                self._filtered_in_a_row += 1
-                reason = "filter" if self._filtered_in_a_row <= 4 * self.cfg.batch_size else ""
-            elif self._filter is not None:
-                self._filtered_in_a_row = 0
-            if self._filter is not None and g.key is not None:
-                self._feeder.mark(g.key, signal)
+            if self._filter is not None:
+                signal = self._filter(members)
+                self._filtered_in_a_row = 0 if signal else self._filtered_in_a_row + 1
+                if 0 < self._filtered_in_a_row <= 4 * self.cfg.batch_size:
+                    reason = "filter"
+                if g.key is not None:
+                    self._feeder.mark(g.key, signal)
         self._ledger.resolve(members, reason)
         if not reason:
             self._delivered_groups += 1
@@ -485,18 +455,17 @@ class RolloutExecutor:
         self._cond.notify_all()
 
     def _drop_stale_ready_locked(self) -> int:
-        if not self._bound.bounded:
-            return 0
-        stale = [item for item in self._ready if self._is_stale_locked(item[2])]
-        if stale:
-            for item in stale:
-                self._ledger.unaccept(item[2].members(), "stale")
-            self._delivered_groups -= len(stale)
-            self._ready = [item for item in self._ready if not self._is_stale_locked(item[2])]
-            heapq.heapify(self._ready)
-        return len(stale)
+        """Drop the ready groups that became stale: the oldest ones, as the heap is by start version."""
+        dropped = 0
+        while self._ready and self._is_stale_locked(self._ready[0][2]):
+            self._ledger.unaccept(heapq.heappop(self._ready)[2].members(), "stale")
+            self._delivered_groups -= 1
+            dropped += 1
+        return dropped
 
-    def _cancel_groups(self, groups: list[Group]) -> None:
+    @staticmethod
+    def _cancel_groups(groups: list[Group], reason: str = "stale") -> None:
         for g in groups:
-            for ep in list(g.tasks):
-                self._cancel(ep, "stale")
+            g.cancel_reason = g.cancel_reason or reason  # the first reason a group was cancelled for
+            for task in list(g.tasks):
+                task.cancel()

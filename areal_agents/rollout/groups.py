@@ -51,9 +51,7 @@ class RowFeeder:
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.skip = float(skip)
-        self.epoch = 0
-        self.index = 0
-        self.skipped = 0
+        self.epoch = self.index = self.skipped = 0
         self.no_signal: set[int] = set()  # rows whose last group gave no learning signal
         self._orders: dict[int, list[int]] = {}  # the last two epochs' orders (groups resolve across a boundary)
 
@@ -125,7 +123,8 @@ class Group:
 
     ``key`` is the row's dataloader position for auto-fed rows (``None`` for rows passed to
     ``submit``); ``stale`` is set when the group can no longer be consumed within the
-    staleness bound and its episodes were cancelled.
+    staleness bound and its episodes were cancelled; ``cancel_reason`` is why its episodes were
+    cancelled (``stale`` or ``shutdown``), if they were.
     """
 
     serial: int
@@ -136,16 +135,16 @@ class Group:
     key: tuple[int, int] | None = None
     start_version: int = -1
     stale: bool = False
+    cancel_reason: str = ""
     trajectories: list[Trajectory | None] = field(default_factory=list)
-    tasks: set[Any] = field(default_factory=set)
-    done: int = 0
+    tasks: set[Any] = field(default_factory=set)  # running episode tasks
 
     def __post_init__(self) -> None:
         self.trajectories = [None] * self.size
 
     @property
     def complete(self) -> bool:
-        return self.done == self.size
+        return None not in self.trajectories
 
     def members(self) -> list[Trajectory]:
         return [t for t in self.trajectories if t is not None]
@@ -183,11 +182,9 @@ class Ledger:
 
         In a group dropped as ``stale``, the episodes the executor cancelled for it (``aborted``)
         count as dropped: nothing failed, the staleness rule discarded them."""
-        n_failed = 0
-        for t in members:
-            if not t.ok and not (drop_reason == "stale" and t.status == "aborted"):
-                self.failed_by_status[t.status] += 1
-                n_failed += 1
+        failed = [t.status for t in members if not t.ok and not (drop_reason == "stale" and t.status == "aborted")]
+        self.failed_by_status.update(failed)
+        n_failed = len(failed)
         self.failed += n_failed
         if drop_reason != "stale":  # cancelled stale groups say nothing about the env or servers
             if members and n_failed == len(members):

@@ -85,7 +85,7 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
     for kind in _KINDS:
         for name, entry in get_registry(kind).entries().items():
             try:
-                _dumps(entry)
+                _NoMainPickler(io.BytesIO()).dump(entry)
             except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
                 if (kind, name) in needed:
                     raise ValueError(f"{kind[:-1]} {name!r} cannot be sent to the rollout process "
@@ -96,20 +96,13 @@ def registrations(cfg: ExperimentConfig | None = None) -> bytes:
 
 
 class _NoMainPickler(pickle.Pickler):
-    """Refuses classes and functions of ``__main__``: the child does not run the script again
-    (a script without an ``if __name__ == "__main__":`` guard would start another run)."""
+    """Refuses classes and functions of ``__main__``, which the child does not import (see the module doc)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
             raise pickle.PicklingError(f"{obj.__qualname__} is defined in the script being run (__main__); "
                                        "move it into a module")
         return NotImplemented
-
-
-def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    _NoMainPickler(buf).dump(obj)
-    return buf.getvalue()
 
 
 def _register(blob: bytes) -> None:
@@ -124,23 +117,16 @@ def _register(blob: bytes) -> None:
 
 
 def _child(fd: int) -> None:
-    """The child's entry point (``python -c``): the parent's ``sys.path``, then :func:`_serve`."""
+    """The child's entry point (``python -c``): takes the parent's ``sys.path``, builds the executor,
+    then answers calls until ``shutdown`` or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
     conn = Connection(fd)
-    try:
-        path, blob, cfg, addresses, model_path = conn.recv()
-    except (EOFError, OSError):
-        return
-    sys.path[:] = path
-    _serve(conn, blob, cfg, addresses, model_path)
-
-
-def _serve(conn: Connection, blob: bytes, cfg: ExperimentConfig, addresses: list[str], model_path: str) -> None:
-    """Build the executor, then answer calls until ``shutdown`` or the parent is gone."""
     executor: RolloutExecutor | None = None
     try:
+        path, blob, cfg, addresses, model_path = conn.recv()
+        sys.path[:] = path
         try:
             _register(blob)
             from areal_agents.rewards import RewardRunner, set_default_runner
@@ -215,11 +201,10 @@ class RolloutProcess:
                 got, ok, value = self._conn.recv()
             except (EOFError, OSError):
                 raise RolloutProcessDied(f"the rollout process exited (exit code {self._exit_code()})") from None
-            if got != seq:
-                continue
-            if not ok:
-                raise value
-            return value
+            if got == seq:
+                if not ok:
+                    raise value
+                return value
 
     def _call(self, name: str, *args: Any, timeout: float | None = None) -> Any:
         with self._lock:
@@ -256,8 +241,7 @@ class RolloutProcess:
         return self._started and not self._closed
 
     def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
-        result: list[list[Trajectory]] = self._call("prepare_batch", timeout)
-        return result
+        return self._call("prepare_batch", timeout)
 
     def stats(self) -> dict[str, float]:
         return dict(self._call("stats"))
