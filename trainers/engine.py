@@ -68,11 +68,8 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     """
     logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    logp = torch.nn.functional.pad(logp, (1, 0))
-    ent = None
-    if with_entropy:
-        ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))
-    return logp, ent
+    ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0)) if with_entropy else None
+    return torch.nn.functional.pad(logp, (1, 0)), ent
 
 
 class ValueModel(nn.Module):
@@ -373,9 +370,7 @@ class TrainEngine:
                "n_seqs": norm.seqs, "n_mbs": float(len(mbs)),
                "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])),
                "skipped_step": float(not math.isfinite(grad_norm)), **extra}
-        for i, k in enumerate(keys):
-            out[k] = float(red[3 + i])
-        return out
+        return {**out, **dict(zip(keys, red[3:].tolist(), strict=True))}
 
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
