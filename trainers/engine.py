@@ -139,8 +139,7 @@ class ShardedModel:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if lr is None:
-            model.eval()
-            model.requires_grad_(False)
+            model.eval().requires_grad_(False)
             return
         model.train()  # dropout is 0 in these configs; train mode enables gradient checkpointing
         params = [p for p in model.parameters() if p.requires_grad] if self.lora else model.parameters()

@@ -299,17 +299,15 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     from areal_agents.env import make_env
     from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
 
-    stop_at = None
+    stop_at = (cfg.sft.warm_start_target or None) if warm_start else None
     cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()))  # the base is trained whole
     if warm_start:
-        stop_at = cfg.sft.warm_start_target or None
         cfg = dataclasses.replace(cfg, sft=dataclasses.replace(
             cfg.sft, steps=cfg.sft.warm_start_steps, lr=cfg.sft.warm_start_lr,
             eval_every=cfg.sft.warm_start_check_every if stop_at else cfg.sft.eval_every))
     sft = cfg.sft
     data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, sft.steps * sft.batch_size))
-    cfg_rows = dataclasses.replace(cfg, data=data)
-    train_rows = load_dataset_rows(cfg_rows, "train")
+    train_rows = load_dataset_rows(dataclasses.replace(cfg, data=data), "train")
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     exact = bool(stop_at) and all(env.reference_completion(r) is not None for r in test_rows)
