@@ -215,11 +215,11 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     if main:  # the user's env, reward and agent on one row, in seconds, before any model or server
         preflight(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
+    display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
+    t_start = time.monotonic()
     import transformers
 
     transformers.set_seed(cfg.seed + rank)  # random, numpy and torch
-    display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
-    t_start = time.monotonic()
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
     transformers.utils.logging.disable_progress_bar()
