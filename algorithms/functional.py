@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -133,13 +134,10 @@ def turn_starts(mask: Tensor, turn_returns: Tensor | None = None) -> Tensor:
     With ``turn_returns`` ``[B, T]``, a change of value inside a run also starts a new turn.
     Args: ``mask`` ``[B, T]`` bool. Returns ``[B, T]`` bool.
     """
-    prev = torch.zeros_like(mask)
-    prev[:, 1:] = mask[:, :-1]
+    prev = F.pad(mask[:, :-1], (1, 0))
     starts = mask & ~prev
     if turn_returns is not None:
-        changed = torch.zeros_like(mask)
-        changed[:, 1:] = turn_returns[:, 1:] != turn_returns[:, :-1]
-        starts = starts | (mask & prev & changed)
+        starts = starts | (mask & prev & F.pad(turn_returns[:, 1:] != turn_returns[:, :-1], (1, 0)))
     return starts
 
 

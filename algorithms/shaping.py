@@ -128,10 +128,8 @@ def shape_rewards(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> ShapedRe
         no_eos = require(batch, "no_eos", "algorithm.mask_no_eos_with_zero").to(torch.bool)
         if no_eos.shape != (bsz,):
             raise ValueError(f"batch['no_eos'] must have shape ({bsz},), got {tuple(no_eos.shape)}")
-    if "response_lengths" in batch:
-        lengths = seq_tensor(batch["response_lengths"], "batch['response_lengths']", bsz)
-    else:
-        lengths = mask.sum(-1)
+    lengths = (seq_tensor(batch["response_lengths"], "batch['response_lengths']", bsz) if "response_lengths" in batch
+               else mask.sum(-1))
     penalty = overlong_penalty(lengths, cfg)
     episode = _shape(rewards, no_eos, penalty, cfg)
     turn = None

@@ -120,8 +120,6 @@ class CountdownEnv(TurnLimitedEnv):
     """
 
     default_dataset = "countdown"
-    default_dataset_kwargs = {}
-
     required_fields = ("numbers", "target")
 
     def __init__(self, max_turns: int = 6) -> None:

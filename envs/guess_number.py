@@ -52,8 +52,6 @@ class GuessNumberEnv(TurnLimitedEnv):
     """
 
     default_dataset = "guess-number"
-    default_dataset_kwargs = {}
-
     required_fields = ("target",)
 
     def __init__(self, max_turns: int = 7) -> None:

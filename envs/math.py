@@ -17,7 +17,6 @@ class MathEnv(TurnLimitedEnv):
     """
 
     default_dataset = "arithmetic"
-    default_dataset_kwargs = {}
     default_config: ClassVar[dict[str, Any]] = {
         # A warm start past the middle of the SFT jump, 200 RL steps, and only groups whose
         # samples disagree in the batch: each seed then ends near or above 0.85 greedy accuracy

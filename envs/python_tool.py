@@ -72,6 +72,4 @@ class PythonToolEnv(TurnLimitedEnv):
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """The tool call that computes the answer (``expression`` rows), else the answer itself."""
-        if row.get("expression"):
-            return f"<python>print({row['expression']})</python>"
-        return str(row["answer"])
+        return f"<python>print({row['expression']})</python>" if row.get("expression") else str(row["answer"])

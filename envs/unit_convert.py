@@ -106,7 +106,6 @@ class UnitConvertEnv(TurnLimitedEnv):
     on). ``max_turns`` replies truncate the episode."""
 
     default_dataset = "unit-convert"
-    default_dataset_kwargs: dict[str, Any] = {}
     default_config: dict[str, Any] = {
         "agent": {"name": "unit-convert"},
         "sampling": {"max_new_tokens": 40},

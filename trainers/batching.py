@@ -78,12 +78,11 @@ def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
     out["turn_returns"] = padded([_generated_returns(tr, n) for tr, n in zip(trajs, lens, strict=True)], 0.0,
                                  torch.float32)
     out["attention_mask"] = (torch.arange(t_max)[None, :] < torch.tensor(lens)[:, None]).long()
-    groups: dict[str, int] = {}
-    for i, tr in enumerate(trajs):
-        groups.setdefault(tr.group_id or f"__single{i}", len(groups))
+    keys = [tr.group_id or f"__single{i}" for i, tr in enumerate(trajs)]
+    groups = {key: g for g, key in enumerate(dict.fromkeys(keys))}  # numbered by first appearance
     out["versions"][~out["loss_mask"]] = -1
     out["rewards"] = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
-    out["group_ids"] = torch.tensor([groups[t.group_id or f"__single{i}"] for i, t in enumerate(trajs)])
+    out["group_ids"] = torch.tensor([groups[key] for key in keys])
     out["no_eos"] = torch.tensor([t.finish_reason == "length" for t in trajs], dtype=torch.bool)
     out["response_lengths"] = out["loss_mask"].sum(1)
     out["seq_lens"] = torch.tensor(lens, dtype=torch.long)
@@ -111,15 +110,11 @@ def select(batch: Mapping[str, torch.Tensor], idx: Sequence[int]) -> Batch:
     index = torch.tensor(list(idx), dtype=torch.long)
     lens = seq_lens(batch)
     t_new = max((lens[i] for i in idx), default=0)
-    out: Batch = {}
+    out: Batch = dict(batch)
     for key, value in batch.items():
         if value.dim() >= 1 and value.shape[0] == b:
             v = value.index_select(0, index)
-            if v.dim() >= 2 and value.shape[1] == t_full:
-                v = v[:, :t_new]
-            out[key] = v
-        else:
-            out[key] = value
+            out[key] = v[:, :t_new] if v.dim() >= 2 and value.shape[1] == t_full else v
     return out
 
 

@@ -48,13 +48,13 @@ def is_main() -> bool:
 
 
 def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if get_world_size() > 1:
         dist.barrier()
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank (identity at world size 1)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if get_world_size() == 1:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -70,16 +70,13 @@ def init_distributed(device: str = "cpu", first_gpu: int = 0) -> tuple[int, int]
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    backend = "nccl" if device == "cuda" else "gloo"
-    if "WORLD_SIZE" in os.environ:
-        rank = int(os.environ.get("RANK", "0"))
-        world = int(os.environ["WORLD_SIZE"])
-        if device == "cuda":
-            torch.cuda.set_device(first_gpu + int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, rank=rank, world_size=world)
+    backend, launched = ("nccl" if device == "cuda" else "gloo"), "WORLD_SIZE" in os.environ
+    if device == "cuda":
+        torch.cuda.set_device(first_gpu + (int(os.environ.get("LOCAL_RANK", "0")) if launched else 0))
+    if launched:
+        dist.init_process_group(backend, rank=int(os.environ.get("RANK", "0")),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     else:
-        if device == "cuda":
-            torch.cuda.set_device(first_gpu)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
@@ -109,9 +106,8 @@ def _spawn_entry(rank: int, fn: Callable[..., Any], world: int, port: int, args:
 def shutdown() -> None:
     """Leave the default process group cleanly: once every rank is here, destroy it (a rank
     that exits with its group alive can abort while the others still talk to it)."""
+    barrier()
     if dist.is_initialized():
-        if dist.get_world_size() > 1:
-            dist.barrier()
         dist.destroy_process_group()
 
 

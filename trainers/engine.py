@@ -68,11 +68,8 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     """
     logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    logp = torch.nn.functional.pad(logp, (1, 0))
-    ent = None
-    if with_entropy:
-        ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))
-    return logp, ent
+    ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0)) if with_entropy else None
+    return torch.nn.functional.pad(logp, (1, 0)), ent
 
 
 class ValueModel(nn.Module):
@@ -142,8 +139,7 @@ class ShardedModel:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if lr is None:
-            model.eval()
-            model.requires_grad_(False)
+            model.eval().requires_grad_(False)
             return
         model.train()  # dropout is 0 in these configs; train mode enables gradient checkpointing
         params = [p for p in model.parameters() if p.requires_grad] if self.lora else model.parameters()
@@ -373,9 +369,7 @@ class TrainEngine:
                "n_seqs": norm.seqs, "n_mbs": float(len(mbs)),
                "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])),
                "skipped_step": float(not math.isfinite(grad_norm)), **extra}
-        for i, k in enumerate(keys):
-            out[k] = float(red[3 + i])
-        return out
+        return {**out, **dict(zip(keys, red[3:].tolist(), strict=True))}
 
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -77,12 +76,6 @@ def _latest_checkpoint(ckpt: Checkpointer) -> Path | None:
     except CheckpointMismatch as exc:
         raise ConfigError("trainer.recover", f"{exc}; set another experiment_name or trial_name, "
                                              "or trainer.recover=disabled to start over") from None
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
@@ -218,19 +211,17 @@ def _trainer_threads(cfg: ExperimentConfig) -> None:
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train (or, with ``mode``, only roll out / only train) and return the summary."""
     rank, _ = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
-    main = rank == 0
+    main, run_dir = rank == 0, Path(cfg.run_dir)
     if main:  # the user's env, reward and agent on one row, in seconds, before any model or server
         preflight(cfg)
-    run_dir = Path(cfg.run_dir)
-    if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.seed + rank)
     display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
     t_start = time.monotonic()
-
-    # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
     import transformers
 
+    transformers.set_seed(cfg.seed + rank)  # random, numpy and torch
+
+    # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
     transformers.utils.logging.disable_progress_bar()
     model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     ckpt = Checkpointer(run_dir / "checkpoints", fingerprint={
@@ -293,9 +284,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 display.note(sync.events.pop(0))
             r0.resume(version)
             step += 1
-            metrics.update(r0.stats())
             metrics.update({
-                "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
+                **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
                 "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })

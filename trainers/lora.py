@@ -63,10 +63,8 @@ def apply_lora(lm: nn.Module, cfg: LoraConfig) -> nn.Module:
 def adapter_config(cfg: LoraConfig, base: str | os.PathLike[str], model: nn.Module | None = None) -> dict[str, Any]:
     """The ``adapter_config.json`` of an adapter trained with ``cfg`` on the model at ``base``
     (the wrapped ``model`` gives the resolved target module names)."""
-    targets: Any = _targets(cfg)
-    peft_cfg = getattr(model, "peft_config", {}).get("default") if model is not None else None
-    if peft_cfg is not None:
-        targets = sorted(peft_cfg.target_modules)
+    peft_cfg = getattr(model, "peft_config", {}).get("default")
+    targets = sorted(peft_cfg.target_modules) if peft_cfg is not None else _targets(cfg)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base),
             "r": cfg.rank, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout, "target_modules": targets,
             "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,

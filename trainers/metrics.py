@@ -17,9 +17,7 @@ __all__ = ["MetricsLogger"]
 
 
 def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class MetricsLogger:

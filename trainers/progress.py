@@ -157,6 +157,4 @@ class RunDisplay:
             ("metrics", summary.get("metrics", "-")),
             ("final model", summary.get("final_model", "-")),
         ]
-        for path in summary.get("plots", []):
-            rows.append(("plot", path))
-        return rows
+        return rows + [("plot", path) for path in summary.get("plots", [])]

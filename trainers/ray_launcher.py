@@ -101,8 +101,7 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False} if self.cfg.ray.address is None else {}
             ray.init(address=self.cfg.ray.address, logging_level="warning", log_to_driver=True, **kwargs)
-        nodes = self._nodes()
-        self.note(f"ray: {len(nodes)} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs")
+        self.note(f"ray: {len(self._nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs")
 
     def note(self, text: str) -> None:
         print(text, file=self.out, flush=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from areal_agents.rollout import RolloutExecutor
 
@@ -35,8 +36,9 @@ def write_rollouts(executor: RolloutExecutor, n: int, path: str | os.PathLike[st
     t0 = time.monotonic()
     written = complete_bytes = 0
     try:
-        with open(out, "w", encoding="utf-8") as fh, _progress_bar(progress) as bar:
-            task = bar.add_task(f"rollouts → {out.name}", total=n_groups * group_size) if bar else None
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with open(out, "w", encoding="utf-8") as fh, Progress(*columns, disable=not progress) as bar:
+            task = bar.add_task(f"rollouts → {out.name}", total=n_groups * group_size)
             for _ in range(n_groups):
                 (group,) = executor.wait(1, timeout)
                 data = "".join(t.to_json() + "\n" for t in group)
@@ -44,8 +46,7 @@ def write_rollouts(executor: RolloutExecutor, n: int, path: str | os.PathLike[st
                 fh.flush()
                 complete_bytes += len(data.encode("utf-8"))
                 written += len(group)
-                if bar is not None and task is not None:
-                    bar.update(task, advance=len(group))
+                bar.update(task, advance=len(group))
     except OSError:  # e.g. a full disk: drop the torn tail so the file stays a valid prefix
         with open(out, "r+b") as raw:
             raw.truncate(complete_bytes)
@@ -53,11 +54,3 @@ def write_rollouts(executor: RolloutExecutor, n: int, path: str | os.PathLike[st
     finally:
         executor.bounded_staleness = bounded
     return {"path": str(out), "episodes": written, "groups": n_groups, "seconds": time.monotonic() - t0}
-
-
-def _progress_bar(enabled: bool) -> Any:
-    if not enabled:
-        return contextlib.nullcontext()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from areal_agents.config import ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
@@ -208,14 +209,9 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
             chunk = [(e.input_ids, e.loss_mask) if isinstance(e, Trajectory)
                      else (list(e[0]) + list(e[1]), [0] * len(e[0]) + [1] * len(e[1]))
                      for e in examples[start : start + batch_size]]
-            width = max(len(seq) for seq, _ in chunk)
-            ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)
-            attn = torch.zeros((len(chunk), width), dtype=torch.long)
-            target = torch.zeros((len(chunk), width), dtype=torch.bool)
-            for i, (seq, mask) in enumerate(chunk):
-                ids[i, : len(seq)] = torch.tensor(seq)
-                attn[i, : len(seq)] = 1
-                target[i, : len(seq)] = torch.tensor(mask, dtype=torch.bool)
+            ids = pad_sequence([torch.tensor(seq) for seq, _ in chunk], batch_first=True, padding_value=pad_token_id)
+            attn = pad_sequence([torch.ones(len(seq), dtype=torch.long) for seq, _ in chunk], batch_first=True)
+            target = pad_sequence([torch.tensor(mask, dtype=torch.bool) for _, mask in chunk], batch_first=True)
             pred = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].argmax(-1)
             wrong = (pred != ids[:, 1:]) & target[:, 1:]
             hits += int((~wrong.any(1)).sum())
@@ -303,27 +299,22 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     from areal_agents.env import make_env
     from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
 
-    stop_at = None
+    stop_at = (cfg.sft.warm_start_target or None) if warm_start else None
     cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()))  # the base is trained whole
     if warm_start:
-        stop_at = cfg.sft.warm_start_target or None
         cfg = dataclasses.replace(cfg, sft=dataclasses.replace(
             cfg.sft, steps=cfg.sft.warm_start_steps, lr=cfg.sft.warm_start_lr,
             eval_every=cfg.sft.warm_start_check_every if stop_at else cfg.sft.eval_every))
     sft = cfg.sft
     data = dataclasses.replace(cfg.data, train_size=max(cfg.data.train_size, sft.steps * sft.batch_size))
-    cfg_rows = dataclasses.replace(cfg, data=data)
-    train_rows = load_dataset_rows(cfg_rows, "train")
+    train_rows = load_dataset_rows(dataclasses.replace(cfg, data=data), "train")
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     exact = bool(stop_at) and all(env.reference_completion(r) is not None for r in test_rows)
     if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
         test_rows = test_rows[:_CHECK_ROWS]
 
-    def texts() -> list[str]:
-        return [_corpus_text(env, r) for r in train_rows[:5000]]
-
-    base = ensure_tiny_model(cfg.env.name, texts)
+    base = ensure_tiny_model(cfg.env.name, lambda: [_corpus_text(env, r) for r in train_rows[:5000]])
     out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
