@@ -109,13 +109,16 @@ class Checkpointer:
     def _options(engine: TrainEngine) -> Any:
         """With LoRA a checkpoint holds what trains (adapters, value head) and its optimiser
         state, not the frozen base weights, which come from ``actor.path`` again."""
-        return StateDictOptions(ignore_frozen_params=True, strict=False) if getattr(engine, "lora", None) else None
+        lora = getattr(engine, "lora", None) is not None
+        return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else None
 
     @classmethod
     def _model_states(cls, engine: TrainEngine) -> dict[str, Any]:
-        states = {name: get_state_dict(sm.model, sm.optimizer, options=cls._options(engine))
-                  for name, sm in engine.trainable().items()}
-        return {name: {"model": model_sd, "optim": optim_sd} for name, (model_sd, optim_sd) in states.items()}
+        out = {}
+        for name, sm in engine.trainable().items():
+            model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer, options=cls._options(engine))
+            out[name] = {"model": model_sd, "optim": optim_sd}
+        return out
 
     def save(self, engine: TrainEngine, *, step: int, version: int, rollout: Any = None,
              extra: dict[str, Any] | None = None) -> Path:

@@ -100,6 +100,11 @@ class WeightSync:
                                        f"({'; '.join(self.down.values())})")
 
 
+def _lora(engine: Policy) -> Any:
+    """The engine's ``actor.lora`` section when it trains a LoRA adapter, else None."""
+    return getattr(engine, "lora", None)
+
+
 def _adapter_config(engine: Any) -> dict[str, Any]:
     return adapter_config(engine.lora, engine.model_path, engine.actor.model)
 
@@ -121,7 +126,7 @@ class DiskWeightSync(WeightSync):
 
     def sync(self, engine: Policy, version: int) -> None:
         path = engine.export_hf(self.path_for(version), durable=False)  # with LoRA: the adapter dir
-        lora = getattr(engine, "lora", None)  # actor.lora when it trains a LoRA adapter, else None
+        lora = _lora(engine)
         if engine.rank == 0 and self.addresses:
             update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
                                             if lora is None else
@@ -247,7 +252,7 @@ class DistributedWeightSync(WeightSync):
         return up
 
     def sync(self, engine: Policy, version: int) -> None:
-        lora = getattr(engine, "lora", None)  # actor.lora when it trains a LoRA adapter, else None
+        lora = _lora(engine)
         state = engine.full_state_dict() if lora is None else engine.adapter_state_dict()
         failed: str | None = None
         if engine.rank == 0 and self.addresses:

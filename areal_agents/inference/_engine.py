@@ -137,8 +137,11 @@ class Engine:
     def abort_where(self, pred: Callable[[GenRequest], bool], message: str) -> int:
         """Finish matching running and waiting requests with ``abort``; returns the count."""
         with self._cond:
-            hit = [r for r in self._waiting if pred(r)]
-            self._waiting = deque(r for r in self._waiting if not pred(r))
+            hit: list[GenRequest] = []
+            keep: deque[GenRequest] = deque()
+            for req in self._waiting:  # pred once per request
+                (hit if pred(req) else keep).append(req)
+            self._waiting = keep
         hit += [r for r in self.rows if r.finish is None and pred(r)]
         for req in hit:
             self._finish(req, {"type": "abort", "message": message})
