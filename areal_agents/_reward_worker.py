@@ -35,21 +35,15 @@ from areal_agents.config_loader import import_user_module
 from areal_agents.failures import function_location
 from areal_agents.lifeline import die_with_parent, watch_parent
 
-__all__ = ["BadValue", "Worker", "check_not_in_worker", "check_value", "describe_failure", "in_reward_worker",
-           "main_script_file", "worker_entry"]
+__all__ = ["BadValue", "Worker", "check_not_in_worker", "check_value", "describe_failure", "main_script_file",
+           "worker_entry"]
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from areal_agents._reward_worker import worker_entry; worker_entry(*sys.argv[2:])")
 
 _READY = b"ready"
 _STARTUP_TIMEOUT = 120.0  # seconds for a worker to start, on a machine under load
-_IN_WORKER = False
 _LOADING_MAIN: str | None = None  # the parent's script, while a worker imports it for a reward
-
-
-def in_reward_worker() -> bool:
-    """True inside a reward worker process."""
-    return _IN_WORKER
 
 
 def check_not_in_worker() -> None:
@@ -155,8 +149,6 @@ def _die_with(parent: int) -> None:
 
 def worker_entry(fd: str, parent: str, memory_bytes: str) -> None:
     """The worker's main: called by the bootstrap with the socket fd, the parent's pid and the cap."""
-    global _IN_WORKER
-    _IN_WORKER = True
     _die_with(int(parent))
     _limit_memory(int(memory_bytes))
     conn = Connection(int(fd))
