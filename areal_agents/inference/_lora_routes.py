@@ -21,7 +21,7 @@ from aiohttp import web
 
 from areal_agents.inference.protocol import BadRequest, require
 
-__all__ = ["add_routes", "broadcast_target", "details", "load_from_tensors", "loaded", "read_adapter",
+__all__ = ["adapter_swap", "add_routes", "broadcast_target", "details", "loaded", "read_adapter",
            "require_loaded"]
 
 
@@ -70,10 +70,10 @@ def broadcast_target(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     return _name(body), config
 
 
-async def load_from_tensors(app: web.Application, engine: Any, target: tuple[str, dict[str, Any]],
-                            state: dict[str, Any], version: str | None, flags: dict[str, bool],
-                            call: Callable[..., Any]) -> int:
-    """Hold the received adapter tensors under their name (replacing), tag ``version``, end the pause."""
+def adapter_swap(engine: Any, target: tuple[str, dict[str, Any]], state: dict[str, Any], version: str | None,
+                 abort_all: bool) -> Callable[[], int]:
+    """The swap, for the decode thread, that holds the received adapter tensors under their name
+    (replacing) and tags ``version``."""
     from areal_agents.inference._lora import adapter_from_tensors
 
     name, config = target
@@ -86,13 +86,11 @@ async def load_from_tensors(app: web.Application, engine: Any, target: tuple[str
         n = engine.load_lora(adapter)
         if version is not None:
             engine.set_version(version, False)
-        if flags["abort_all_requests"]:
+        if abort_all:
             n += engine.abort_where(lambda r: True, "aborted by a weight update")
-        if not flags["keep_pause"]:
-            engine.set_paused(False)
         return n
 
-    return int(await call(app, swap))
+    return swap
 
 
 def add_routes(app: web.Application, engine_key: Any, call: Callable[..., Any], _json: Callable[..., Any]) -> None:

@@ -194,12 +194,15 @@ def _update_flags(body: dict[str, Any]) -> tuple[str | None, dict[str, bool]]:
     return (None if version is None else str(version)), flags
 
 
-async def _swap(app: web.Application, state: dict[str, Any], version: str | None, flags: dict[str, bool]) -> int:
+async def _swap(app: web.Application, state: dict[str, Any], version: str | None, flags: dict[str, bool],
+                lora: tuple[str, dict[str, Any]] | None = None) -> int:
+    """New base weights, or with ``lora`` an adapter (the base stays as loaded); the pause ends unless ``keep_pause``."""
     engine = app[_ENGINE]
     new_version = engine.weight_version if version is None else version
+    apply = None if lora is None else _lora_routes.adapter_swap(engine, lora, state, version, flags["abort_all_requests"])
 
     def swap() -> int:
-        n = engine.swap_weights(state, new_version, flags["abort_all_requests"])
+        n = engine.swap_weights(state, new_version, flags["abort_all_requests"]) if apply is None else apply()
         if not flags["keep_pause"]:
             engine.set_paused(False)
         return n
@@ -251,13 +254,9 @@ async def _update_weights_from_distributed(request: web.Request) -> web.Response
         raise
     except Exception as exc:  # a broken or timed-out broadcast
         return web.json_response({"success": False, "message": f"broadcast failed: {exc}"}, status=500)
-    if lora is not None:  # an adapter, not base weights: held under its name, the base stays as loaded
-        n = await _lora_routes.load_from_tensors(app, app[_ENGINE], lora, state, version, flags, _call)
-        return web.json_response({"success": True, "message": "Succeeded to update LoRA adapter online.",
-                                  "num_paused_requests": n})  # fmt: skip
-    n = await _swap(app, state, version, flags)
-    return web.json_response({"success": True, "message": "Succeeded to update parameter online.",
-                              "num_paused_requests": n})  # fmt: skip
+    n = await _swap(app, state, version, flags, lora)
+    message = "Succeeded to update parameter online." if lora is None else "Succeeded to update LoRA adapter online."
+    return web.json_response({"success": True, "message": message, "num_paused_requests": n})
 
 
 async def _pause(request: web.Request) -> web.Response:
