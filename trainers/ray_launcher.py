@@ -61,26 +61,24 @@ def _fmt(bundle: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in bundle.items()) + "}"
 
 
+def _bundle(cpus: float, gpus: float, label: str | None) -> dict[str, float]:
+    bundle = {"CPU": float(cpus)}
+    if gpus:
+        bundle["GPU"] = float(gpus)
+    if label:
+        bundle[label] = 0.001  # any node carrying the label; many actors per node
+    return bundle
+
+
 def server_bundle(cfg: ExperimentConfig) -> dict[str, float]:
     """What one inference server reserves: CPUs, its GPUs (SGLang: tp_size) and the node label."""
-    bundle = {"CPU": float(cfg.ray.cpus_per_server)}
-    if cfg.inference.backend == "sglang":
-        bundle["GPU"] = float(cfg.sglang.tp_size)
-    elif cfg.inference.device == "cuda":
-        bundle["GPU"] = 1.0
-    if cfg.ray.server_resource:
-        bundle[cfg.ray.server_resource] = 0.001  # any node carrying the label; many servers per node
-    return bundle
+    gpus = cfg.sglang.tp_size if cfg.inference.backend == "sglang" else float(cfg.inference.device == "cuda")
+    return _bundle(cfg.ray.cpus_per_server, gpus, cfg.ray.server_resource)
 
 
 def trainer_bundle(cfg: ExperimentConfig) -> dict[str, float]:
     """What one trainer rank reserves: CPUs, one GPU on CUDA, the node label."""
-    bundle = {"CPU": float(cfg.ray.cpus_per_trainer)}
-    if cfg.trainer.device == "cuda":
-        bundle["GPU"] = 1.0
-    if cfg.ray.trainer_resource:
-        bundle[cfg.ray.trainer_resource] = 0.001
-    return bundle
+    return _bundle(cfg.ray.cpus_per_trainer, float(cfg.trainer.device == "cuda"), cfg.ray.trainer_resource)
 
 
 class RayRun(contextlib.AbstractContextManager["RayRun"]):
