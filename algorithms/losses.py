@@ -82,10 +82,6 @@ def aggregate(x: Tensor, mask: Tensor, mode: str, norm: LossNorm) -> Tensor:
     raise ValueError(f"loss_agg_mode must be one of {', '.join(AGG_MODES)} (got {mode!r})")
 
 
-def _token_sum(x: Tensor, mask: Tensor, norm: LossNorm) -> Tensor:
-    return torch.where(mask, x, torch.zeros_like(x)).sum() / max(norm.tokens, 1.0)
-
-
 def value_loss(
     values: Tensor, batch: Mapping[str, Tensor], cfg: AlgorithmConfig, norm: LossNorm
 ) -> tuple[Tensor, dict[str, float]]:
@@ -151,34 +147,34 @@ def ppo_loss(
     surr = -adv * ratio
     surr_clipped = -adv * ratio.clamp(1.0 - cfg.eps_clip, 1.0 + high)
     pg = torch.maximum(surr, surr_clipped)
-    stats: dict[str, Tensor] = {"train/clip_frac": _token_sum((surr_clipped > surr).to(dtype), mask, norm)}
+    stats: dict[str, Tensor] = {"train/clip_frac": aggregate((surr_clipped > surr).to(dtype), mask, "token-mean", norm)}
     if cfg.c_clip is not None:
         bound = -adv * cfg.c_clip
         dual = (adv < 0) & (pg > bound)
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
-        stats["train/dual_clip_frac"] = _token_sum(dual.to(dtype), mask, norm)
+        stats["train/dual_clip_frac"] = aggregate(dual.to(dtype), mask, "token-mean", norm)
     if cfg.use_decoupled_loss:
         weight = torch.exp(old - behav).detach()
         zero = torch.zeros_like(weight)
         if cfg.behav_imp_weight_cap is not None:
             capped = mask & (weight > cfg.behav_imp_weight_cap)
             weight = torch.where(capped, zero, weight)
-            stats["train/imp_weight_capped_frac"] = _token_sum(capped.to(dtype), mask, norm)
+            stats["train/imp_weight_capped_frac"] = aggregate(capped.to(dtype), mask, "token-mean", norm)
         pg = pg * weight
-        stats["train/imp_weight_mean"] = _token_sum(weight, mask, norm)
-    stats["train/approx_kl"] = _token_sum((ratio - 1.0 - log_ratio).detach(), mask, norm)
+        stats["train/imp_weight_mean"] = aggregate(weight, mask, "token-mean", norm)
+    stats["train/approx_kl"] = aggregate((ratio - 1.0 - log_ratio).detach(), mask, "token-mean", norm)
     pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, norm)
     loss = pg_loss
     kl_as_loss = cfg.kl_ctl > 0 and not cfg.kl_in_reward
     if kl_as_loss or "ref_logp" in batch:
         ref = tok("ref_logp", "algorithm.kl_ctl > 0")
         kl = kl_estimate(logp, ref, cfg.kl_estimator)
-        stats["train/kl_ref"] = _token_sum(kl.detach(), mask, norm)
+        stats["train/kl_ref"] = aggregate(kl.detach(), mask, "token-mean", norm)
         if kl_as_loss:
             loss = loss + cfg.kl_ctl * aggregate(kl, mask, cfg.loss_agg_mode, norm)
     if entropy is not None:
         ent = token_tensor(entropy, "entropy", mask).to(dtype)
-        stats["train/entropy"] = _token_sum(ent.detach(), mask, norm)
+        stats["train/entropy"] = aggregate(ent.detach(), mask, "token-mean", norm)
         if cfg.entropy_coef != 0:
             loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg_mode, norm)
     elif cfg.entropy_coef != 0:

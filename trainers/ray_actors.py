@@ -93,8 +93,7 @@ class ServerActor:
         """``{ip, node_id, pid, address, server_pid}``."""
         return dict(self.info)
 
-    def missing_paths(self, paths: list[str]) -> list[str]:
-        return missing_paths(paths)
+    missing_paths = staticmethod(missing_paths)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and wait for it."""
@@ -108,15 +107,13 @@ class RankActor:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def describe(self) -> dict[str, Any]:
-        return node_info()
+    describe = staticmethod(node_info)
 
     def free_port(self) -> int:
         """A free port on this node (rank 0's: the process group's rendezvous)."""
         return free_port(node_info()["ip"])
 
-    def missing_paths(self, paths: list[str]) -> list[str]:
-        return missing_paths(paths)
+    missing_paths = staticmethod(missing_paths)
 
     def run(self, config_yaml: str, env: dict[str, str], cwd: str) -> int:
         """``areal-agents run --config <config_yaml>`` as one rank; returns its exit code."""

@@ -61,26 +61,24 @@ def _fmt(bundle: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in bundle.items()) + "}"
 
 
+def _bundle(cpus: float, gpus: float, label: str | None) -> dict[str, float]:
+    bundle = {"CPU": float(cpus)}
+    if gpus:
+        bundle["GPU"] = float(gpus)
+    if label:
+        bundle[label] = 0.001  # any node carrying the label; many actors per node
+    return bundle
+
+
 def server_bundle(cfg: ExperimentConfig) -> dict[str, float]:
     """What one inference server reserves: CPUs, its GPUs (SGLang: tp_size) and the node label."""
-    bundle = {"CPU": float(cfg.ray.cpus_per_server)}
-    if cfg.inference.backend == "sglang":
-        bundle["GPU"] = float(cfg.sglang.tp_size)
-    elif cfg.inference.device == "cuda":
-        bundle["GPU"] = 1.0
-    if cfg.ray.server_resource:
-        bundle[cfg.ray.server_resource] = 0.001  # any node carrying the label; many servers per node
-    return bundle
+    gpus = cfg.sglang.tp_size if cfg.inference.backend == "sglang" else float(cfg.inference.device == "cuda")
+    return _bundle(cfg.ray.cpus_per_server, gpus, cfg.ray.server_resource)
 
 
 def trainer_bundle(cfg: ExperimentConfig) -> dict[str, float]:
     """What one trainer rank reserves: CPUs, one GPU on CUDA, the node label."""
-    bundle = {"CPU": float(cfg.ray.cpus_per_trainer)}
-    if cfg.trainer.device == "cuda":
-        bundle["GPU"] = 1.0
-    if cfg.ray.trainer_resource:
-        bundle[cfg.ray.trainer_resource] = 0.001
-    return bundle
+    return _bundle(cfg.ray.cpus_per_trainer, float(cfg.trainer.device == "cuda"), cfg.ray.trainer_resource)
 
 
 class RayRun(contextlib.AbstractContextManager["RayRun"]):
@@ -149,10 +147,25 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
                 f"{self.cfg.ray.placement_timeout:g}s; free now: {free}")
         return pg
 
-    def _strategy(self, pg: Any, i: int) -> Any:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    def _actors(self, cls: type, bundle: dict[str, float], what: str, args: list[tuple[Any, ...]],
+                avoid: list[str] | None = None, **options: Any) -> list[Any]:
+        """An actor of ``cls`` for each of ``args`` (its constructor's), one per bundle of a new
+        placement group (``avoid`` as in :meth:`place`; ``options``: Ray's)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as Strategy
 
-        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+        pg = self.place(bundle, len(args), what, avoid)
+        actor = self.ray.remote(cls)
+        return [actor.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), **options,
+                              scheduling_strategy=Strategy(pg, placement_group_bundle_index=i)).remote(*a)
+                for i, a in enumerate(args)]
+
+    def _placed(self, key: str, what: str, infos: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+        """Record where the actors of ``key`` run (``infos``, with their nodes' labels) and say so."""
+        for info in infos:
+            info["labels"] = self._labels(info["node_id"])
+        self.placement[key] = infos
+        self.note(f"ray: {what} " + ", ".join(f"{i[name]} ({' '.join(i['labels']) or i['ip']})" for i in infos))
+        return infos
 
     # -- servers -------------------------------------------------------------------------------
     def start_servers(self) -> list[str]:
@@ -161,14 +174,10 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
         if cfg.inference.backend == "remote":
             return list(cfg.inference.addresses)
         n = cfg.inference.num_servers
-        bundle = server_bundle(cfg)
-        pg = self.place(bundle, n, f"{n} inference server(s)")
-        actor = ray.remote(ServerActor)
         logs = str(self.run_dir / "logs")
-        self.servers = [actor.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-                                      max_restarts=cfg.ray.server_restarts, scheduling_strategy=self._strategy(pg, i),
-                                      name=None).remote(cfg, self.model_path, i, logs)
-                        for i in range(n)]
+        self.servers = self._actors(ServerActor, server_bundle(cfg), f"{n} inference server(s)",
+                                    [(cfg, self.model_path, i, logs) for i in range(n)],
+                                    max_restarts=cfg.ray.server_restarts)
         try:
             infos = ray.get([s.describe.remote() for s in self.servers], timeout=cfg.inference.setup_timeout + 60)
         except ray.exceptions.RayActorError as exc:
@@ -176,12 +185,7 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
         except ray.exceptions.GetTimeoutError:
             raise RayLaunchError(f"ray: inference servers not up within inference.setup_timeout="
                                  f"{cfg.inference.setup_timeout:g}s (+60 s to start their actors)") from None
-        for info in infos:
-            info["labels"] = self._labels(info["node_id"])
-        self.placement["servers"] = infos
-        self.note("ray: inference servers " + ", ".join(f"{i['address']} ({' '.join(i['labels']) or i['ip']})"
-                                                        for i in infos))
-        return [i["address"] for i in infos]
+        return [i["address"] for i in self._placed("servers", "inference servers", infos, "address")]
 
     # -- trainer ranks -------------------------------------------------------------------------
     def _avoid(self) -> list[str]:
@@ -196,21 +200,11 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
 
     def start_ranks(self) -> list[dict[str, Any]]:
         """``trainer.nnodes x trainer.nproc`` rank actors; where each one runs."""
-        cfg, ray = self.cfg, self.ray
-        world = cfg.trainer.nnodes * cfg.trainer.nproc
-        bundle = trainer_bundle(cfg)
-        pg = self.place(bundle, world, f"{world} trainer rank(s)", avoid=self._avoid())
-        actor = ray.remote(RankActor)
-        self.ranks = [actor.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=0,
-                                    max_concurrency=2, scheduling_strategy=self._strategy(pg, r)).remote()
-                      for r in range(world)]
-        infos = ray.get([a.describe.remote() for a in self.ranks], timeout=120)
-        for r, info in enumerate(infos):
-            info.update(rank=r, labels=self._labels(info["node_id"]))
-        self.placement["ranks"] = infos
-        self.note("ray: trainer ranks " + ", ".join(f"{i['rank']} ({' '.join(i['labels']) or i['ip']})"
-                                                    for i in infos))
-        return infos
+        world = self.cfg.trainer.nnodes * self.cfg.trainer.nproc
+        self.ranks = self._actors(RankActor, trainer_bundle(self.cfg), f"{world} trainer rank(s)", [()] * world,
+                                  avoid=self._avoid(), max_restarts=0, max_concurrency=2)
+        infos = self.ray.get([a.describe.remote() for a in self.ranks], timeout=120)
+        return self._placed("ranks", "trainer ranks", [{**i, "rank": r} for r, i in enumerate(infos)], "rank")
 
     def check_visible(self) -> None:
         """The model (and, for disk weight sync, the weights dir) must exist on every node."""
