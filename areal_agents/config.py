@@ -243,9 +243,11 @@ class RolloutConfig(Section):
     max_concurrent_rollouts: int = f(128, "Episodes in flight at once.", ge(1))
     max_head_offpolicyness: int = f(2, "Staleness bound eta: 0 = synchronous RL.", ge(0))
     group_filter: str = f("none", "nonzero_std drops groups whose rewards are all equal.", one_of("none", "nonzero_std"))
-    skip_no_signal: float = f(0.0, "Chance that a row whose last group the group filter dropped is skipped when its "
-                                   "turn comes again (its group would likely be generated only to be dropped); "
-                                   "0 disables, and below 1 every row comes back.", within("[0, 1)"))
+    skip_no_signal: float = f(0.0, "Chance that a row whose last group every sample solved (so the group filter "
+                                   "dropped it) is skipped when its turn comes again (its group would likely be "
+                                   "generated only to be dropped); rows no sample solved keep coming, as they are "
+                                   "what is left to learn. 0 disables, and below 1 every row comes back.",
+                              within("[0, 1)"))
     failure_policy: str = f("drop", "Failed episodes: drop, or zero (keep with reward 0).", one_of("drop", "zero"))
     episode_timeout: float = f(600.0, "Seconds before an episode is cancelled as timeout.", gt(0))
     reward_timeout: float = f(10.0, "Seconds one reward call may take.", gt(0))

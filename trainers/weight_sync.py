@@ -90,7 +90,9 @@ class WeightSync:
 
     def _paused(self, version: int, update: Callable[[list[str]], list[str]]) -> None:
         """Pause the reachable servers, ``update`` them (it returns those it reached), resume them."""
-        up = self._on_each(self.addresses, control.pause_generation)
+        # retract: in-flight requests wait in the server's queue and are re-prefilled under the
+        # new weights; abort would end them and have every client send them again
+        up = self._on_each(self.addresses, lambda a: control.pause_generation(a, "retract"))
         try:
             up = update(up) if up else up
         finally:
@@ -111,8 +113,9 @@ def _adapter_config(engine: Any) -> dict[str, Any]:
 
 class DiskWeightSync(WeightSync):
     """Export to ``root/v<version>`` then ``/update_weights_from_disk`` on every server, with
-    generation paused around it (in-flight requests are interrupted and resumed by the client
-    with the new version). Collective over trainer ranks; only rank 0 talks to the servers.
+    generation paused around it (in-flight requests are retracted into the server's queue and
+    continue from their partial output under the new version). Collective over trainer ranks;
+    only rank 0 talks to the servers.
     """
 
     def __init__(self, addresses: Sequence[str], root: str | os.PathLike[str], *, keep: int = 2) -> None:

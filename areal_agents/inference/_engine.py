@@ -160,9 +160,9 @@ class Engine:
         self.weight_version = version
         if abort_all:
             return self.abort_where(lambda r: True, "aborted by a weight update")
-        return self._retract()
+        return self.retract()
 
-    def _retract(self) -> int:
+    def retract(self) -> int:
         """Retract running sequences: they are re-prefilled (prompt + output so far) under
         the new weights, so every later token and logprob is exact for its version."""
         retracted = [r for r in self.rows if r.finish is None]
@@ -176,7 +176,7 @@ class Engine:
         retracted and re-prefilled with the new one); returns how many were retracted."""
         replaced = adapter.name in self.lora.adapters
         self.lora.add(adapter)
-        return self._retract() if replaced and any(r.lora == adapter.name for r in self.rows) else 0
+        return self.retract() if replaced and any(r.lora == adapter.name for r in self.rows) else 0
 
     def unload_lora(self, name: str) -> int:
         """Drop adapter ``name``; requests that use it are aborted (clients resume them). Returns their count."""

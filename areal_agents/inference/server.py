@@ -268,6 +268,8 @@ async def _pause(request: web.Request) -> web.Response:
         engine.set_paused(True)
         if mode == "abort":
             engine.abort_where(lambda r: True, "aborted by pause_generation")
+        elif mode == "retract":  # back to the queue, re-prefilled after the pause (no reply, no resubmission)
+            engine.retract()
 
     await _call(request.app, pause)
     return web.json_response({"message": "Generation paused successfully.", "status": "ok"})

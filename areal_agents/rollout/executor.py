@@ -44,7 +44,7 @@ from typing import Any
 from areal_agents.config import RolloutConfig
 from areal_agents.failures import EpisodesFailed, failure_message
 from areal_agents.loop_thread import LoopThread
-from areal_agents.rollout.episode import EpisodeFn, episode_outcome, with_deadline
+from areal_agents.rollout.episode import EpisodeFn, episode_outcome, episode_solved, with_deadline
 from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
 from areal_agents.rollout.staleness import StalenessBound
 from areal_agents.types import Trajectory, check_turn_discount
@@ -446,8 +446,8 @@ class RolloutExecutor:
                 self._filtered_in_a_row = 0 if signal else self._filtered_in_a_row + 1
                 if 0 < self._filtered_in_a_row <= 4 * self.cfg.batch_size:
                     reason = "filter"
-                if g.key is not None:
-                    self._feeder.mark(g.key, signal)
+                if g.key is not None:  # a row every sample solved may be skipped; one none solved may not
+                    self._feeder.mark(g.key, signal or not all(map(episode_solved, members)))
         self._ledger.resolve(members, reason)
         if not reason:
             self._delivered_groups += 1

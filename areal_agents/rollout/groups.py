@@ -36,9 +36,9 @@ class RowFeeder:
     The position ``(epoch, index)`` is the checkpointable dataloader state: the same seed
     and position give the same next rows, so a recovered run continues where it stopped.
 
-    ``skip`` is the chance that a row whose last group gave no learning signal (see
-    :meth:`mark`) is passed over when its turn comes: a prompt every sample solves (or none
-    does) mostly stays that way, and its group would be generated only to be dropped. The
+    ``skip`` is the chance that a marked row (see :meth:`mark`; the executor marks a row whose
+    last group every sample solved) is passed over when its turn comes: a prompt every sample
+    solves mostly stays that way, and its group would be generated only to be dropped. The
     draw is a seeded function of the position, so skipping is reproducible and needs no state
     beyond the marked rows; a skipped row stays marked and gets its chance again next epoch.
     """

@@ -113,3 +113,34 @@ def test_bad_weights_are_refused_and_old_ones_kept(server: ServerHandle, tmp_pat
     assert control.model_info(server.address)["weight_version"] == before
     out = httpx.post(server.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
     assert out.status_code == 200 and out.json()["meta_info"]["weight_version"] == before
+
+
+def test_retract_pause_update_continues_without_a_resend(server: ServerHandle, models: tuple[Path, Path]) -> None:
+    """The weight sync's order (pause in ``retract`` mode, update, continue): the request stays
+    on the server, is re-prefilled under the new weights and replies once; no abort reaches the client."""
+    before = int(control.model_info(server.address)["weight_version"])
+
+    async def run() -> object:
+        client = InferenceClient([server.address], abort_wait=0.01)
+        try:
+            task = asyncio.ensure_future(client.generate(PROMPT, {"max_new_tokens": 800, "ignore_eos": True}, rid="ep"))
+            await asyncio.to_thread(wait_for_progress, server, 30)
+
+            def update() -> None:
+                control.pause_generation(server.address, "retract")
+                assert control.server_info(server.address)["batching"]["num_running"] == 0  # back in the queue
+                control.update_weights_from_disk([server.address], str(models[1]), before + 1)
+                control.continue_generation([server.address])
+
+            await asyncio.to_thread(update)
+            return await task
+        finally:
+            await client.aclose()
+
+    gen = asyncio.run(run())
+    assert len(gen.output_ids) == 800 and gen.finish_reason == "length"
+    assert gen.info["resumes"] == 0
+    k = split_point(gen.versions, before, before + 1)
+    assert 30 <= k < 800
+    assert max(abs(a - b) for a, b in zip(gen.logprobs[k:], reforward_logprobs(models[1], PROMPT, gen.output_ids)[k:],
+                                          strict=True)) < 1e-4

@@ -180,15 +180,18 @@ def test_group_filter_drops_all_equal_groups_and_counts_them():
     assert_invariant(counts)
 
 
-def test_rows_the_filter_dropped_are_skipped_later_and_the_skips_are_counted():
-    """skip_no_signal: once a row's group was filtered out, the row is mostly passed over later."""
+def test_rows_every_sample_solved_are_skipped_later_and_the_skips_are_counted():
+    """skip_no_signal: once every sample of a row's group solved it, the row is mostly passed
+    over later; a row no sample solved keeps coming (the filter drops its groups too)."""
     launched: list[str] = []
+
+    def kind(answer: str) -> int:  # 0: every sample solves the row, 1: none does, 2: some do
+        return int(answer) // 2 % 3
 
     async def episode(row, seed, episode_id):
         launched.append(row["answer"])
         await asyncio.sleep(0)
-        even_row = int(row["answer"]) % 4 == 0  # all-equal rewards for these rows, every time
-        return make_traj(seed, 1.0 if even_row else float(seed % 2))
+        return make_traj(seed, {0: 1.0, 1: 0.0}.get(kind(row["answer"]), float(seed % 2)))
 
     runs = {}
     for skip in (0.0, 0.9):
@@ -199,10 +202,10 @@ def test_rows_the_filter_dropped_are_skipped_later_and_the_skips_are_counted():
                 ex.prepare_batch(timeout=20)
                 ex.set_version(step + 1)
             stats = ex.stats()
-        no_signal = sum(int(a) % 4 == 0 for a in launched) / len(launched)
-        runs[skip] = (no_signal, stats["rollout/skipped_rows"])
-    assert runs[0.0][1] == 0 and 0.45 < runs[0.0][0] < 0.55  # half the rows never give a signal
-    assert runs[0.9][1] > 50 and runs[0.9][0] < 0.3, runs  # ... and are mostly passed over once seen
+        share = [sum(kind(a) == k for a in launched) / len(launched) for k in (0, 1)]
+        runs[skip] = (*share, stats["rollout/skipped_rows"])
+    assert runs[0.0][2] == 0 and all(0.28 < x < 0.39 for x in runs[0.0][:2]), runs  # a third of the rows each
+    assert runs[0.9][2] > 50 and runs[0.9][0] < 0.12 and runs[0.9][1] > 0.4, runs  # solved ones passed over
 
 
 def test_skip_no_signal_needs_a_group_filter():
