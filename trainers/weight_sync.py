@@ -61,8 +61,11 @@ class WeightSync:
     sync fails only when no server is reachable, or when one answers with an error.
     """
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], *, pause: bool = True) -> None:
         self.addresses = list(addresses)
+        # False: the servers swap weights at a token boundary on their own (embedded), so a full
+        # update needs no pause and generation goes on while they load (an adapter swap still pauses)
+        self.pause = pause
         self.down: dict[str, str] = {}  # address -> why it was unreachable at the last sync
         self.events: list[str] = []  # servers lost and regained, fallbacks: for the run's log (pop them)
 
@@ -88,15 +91,19 @@ class WeightSync:
             answered.append(addr)
         return answered
 
-    def _paused(self, version: int, update: Callable[[list[str]], list[str]]) -> None:
-        """Pause the reachable servers, ``update`` them (it returns those it reached), resume them."""
-        # retract: in-flight requests wait in the server's queue and are re-prefilled under the
-        # new weights; abort would end them and have every client send them again
-        up = self._on_each(self.addresses, lambda a: control.pause_generation(a, "retract"))
-        try:
-            up = update(up) if up else up
-        finally:
-            self._on_each(up, control.continue_generation)
+    def _paused(self, version: int, update: Callable[[list[str]], list[str]], *, lora: bool = False) -> None:
+        """``update`` the reachable servers (it returns those it reached), paused around it
+        unless :attr:`pause` is off and ``update`` swaps full weights (not a LoRA adapter)."""
+        if not (self.pause or lora):
+            up = update(self.addresses)
+        else:
+            # retract: in-flight requests wait in the server's queue and are re-prefilled under
+            # the new weights; abort would end them and have every client send them again
+            up = self._on_each(self.addresses, lambda a: control.pause_generation(a, "retract"))
+            try:
+                up = update(up) if up else up
+            finally:
+                self._on_each(up, control.continue_generation)
         if not up:
             raise control.ControlError(f"weight version {version}: no inference server is reachable "
                                        f"({'; '.join(self.down.values())})")
@@ -118,10 +125,11 @@ class DiskWeightSync(WeightSync):
     only rank 0 talks to the servers.
     """
 
-    def __init__(self, addresses: Sequence[str], root: str | os.PathLike[str], *, keep: int = 2) -> None:
+    def __init__(self, addresses: Sequence[str], root: str | os.PathLike[str], *, keep: int = 2,
+                 pause: bool = True) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (got {keep})")
-        super().__init__(addresses)
+        super().__init__(addresses, pause=pause)
         self.root, self.keep = Path(root), keep
 
     def path_for(self, version: int) -> Path:
@@ -134,7 +142,7 @@ class DiskWeightSync(WeightSync):
             update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
                                             if lora is None else
                                             (lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
-            self._paused(version, lambda up: self._on_each(up, update))
+            self._paused(version, lambda up: self._on_each(up, update), lora=lora is not None)
         if engine.rank == 0:
             self.prune()
         tdist.barrier()
@@ -162,10 +170,10 @@ class DistributedWeightSync(WeightSync):
 
     def __init__(self, addresses: Sequence[str], *, backend: str = "nccl", master_address: str = "127.0.0.1",
                  master_port: int | None = None, server_world: int = 1, group_name: str = "areal_agents_weights",
-                 timeout_s: float = 300.0, fallback: DiskWeightSync | None = None) -> None:
+                 timeout_s: float = 300.0, fallback: DiskWeightSync | None = None, pause: bool = True) -> None:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be nccl or gloo (got {backend!r})")
-        super().__init__(addresses)
+        super().__init__(addresses, pause=pause)
         self.backend, self.server_world, self.group_name, self.timeout_s = backend, server_world, group_name, timeout_s
         self.master_address, self.master_port = master_address, master_port
         self.fallback = fallback
@@ -263,7 +271,7 @@ class DistributedWeightSync(WeightSync):
             state = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
             target = None if lora is None else (lora.name, _adapter_config(engine))
             try:
-                self._paused(version, lambda up: self._broadcast(up, state, version, target))
+                self._paused(version, lambda up: self._broadcast(up, state, version, target), lora=lora is not None)
             except Exception as exc:
                 self.close()  # a member died or refused mid-update: the group is unusable
                 if self.fallback is None:
@@ -287,9 +295,10 @@ class DistributedWeightSync(WeightSync):
 def make_weight_sync(cfg: Any, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
     """The weight sync ``trainer.weight_sync`` selects: ``disk``, or a broadcast over ``nccl``
     (SGLang on GPUs) or ``gloo`` (embedded servers), which falls back to disk when it fails."""
-    disk = DiskWeightSync(addresses, root)
+    pause = cfg.inference.backend != "embedded"  # SGLang updates only while generation is paused
+    disk = DiskWeightSync(addresses, root, pause=pause)
     if cfg.trainer.weight_sync == "disk":
         return disk
     world = cfg.sglang.tp_size if cfg.inference.backend == "sglang" else 1
     return DistributedWeightSync(addresses, backend=cfg.trainer.weight_sync, server_world=world,
-                                 master_address=cfg.trainer.weight_sync_address, fallback=disk)
+                                 master_address=cfg.trainer.weight_sync_address, fallback=disk, pause=pause)
