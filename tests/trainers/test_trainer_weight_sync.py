@@ -3,6 +3,7 @@ dead servers are skipped and caught up; NCCL request building."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from trainer_helpers import make_cfg, make_trajs, nll_loss_fn
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.inference import control
+from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup, ServerHandle, embedded_command, free_port, launch_servers
 from areal_agents.inference.tiny_model import build_tiny_model
 from trainers.engine import TrainEngine
@@ -80,6 +82,41 @@ def test_sync_puts_trained_weights_on_the_server(kind: str, model_dir: Path, ser
         assert sync.members == [addr]  # one group, made once, reused for every version
     assert _assert_server_matches_trainer(addr, engine, "3") != before
     sync.close()
+
+
+@pytest.mark.parametrize("pause", [True, False])
+def test_a_request_decoding_through_a_sync_is_not_resent(pause: bool, model_dir: Path, servers: ServerGroup,
+                                                         tmp_path: Path) -> None:
+    """Paused (``retract``) or not (the embedded server swaps at a token boundary on its own), a
+    request decoding while the weights change replies once; its tokens carry the version that made them."""
+    addr = servers[0].address
+    engine = TrainEngine(make_cfg(lr=5e-2), model_dir)
+    sync = DiskWeightSync([addr], tmp_path / "weights", pause=pause)
+    start = int(control.model_info(addr)["weight_version"])
+    engine.train_batch(make_trajs(8, seed=7), nll_loss_fn)
+
+    def progressed(tokens: int) -> None:
+        first = control.server_info(addr)["batching"]["generated_tokens"]
+        deadline = time.monotonic() + 30
+        while control.server_info(addr)["batching"]["generated_tokens"] - first < tokens:
+            assert time.monotonic() < deadline, "the server made no progress"
+            time.sleep(0.002)
+
+    async def run() -> object:
+        client = InferenceClient([addr], abort_wait=0.01)
+        try:
+            task = asyncio.ensure_future(client.generate(PROMPT, {"max_new_tokens": 900, "ignore_eos": True}))
+            await asyncio.to_thread(progressed, 20)
+            await asyncio.to_thread(sync.sync, engine, start + 1)
+            return await task
+        finally:
+            await client.aclose()
+
+    gen = asyncio.run(run())
+    assert len(gen.output_ids) == 900 and gen.info["resumes"] == 0
+    k = gen.versions.index(start + 1)
+    assert 20 <= k < 900 and set(gen.versions[:k]) == {start} and set(gen.versions[k:]) == {start + 1}
+    _assert_server_matches_trainer(addr, engine, str(start + 1))
 
 
 def _restart(handle: ServerHandle, model_dir: Path) -> subprocess.Popen[bytes]:
