@@ -47,7 +47,19 @@ def split_point(versions: list[int], old: int, new: int) -> int:
     return k
 
 
-def test_abort_update_resume_keeps_per_token_versions(server: ServerHandle, models: tuple[Path, Path]) -> None:
+def current(server: ServerHandle, models: tuple[Path, Path]) -> tuple[int, Path, Path]:
+    """The served version, its model and the other one (version ``v`` serves ``models[v % 2]``)."""
+    v = int(control.model_info(server.address)["weight_version"])
+    return v, models[v % 2], models[(v + 1) % 2]
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract"])
+def test_pause_update_continue_keeps_per_token_versions(mode: str, server: ServerHandle,
+                                                        models: tuple[Path, Path]) -> None:
+    """abort: the client resends the request from its partial output; retract (the weight
+    sync's mode): it waits in the server's queue and is re-prefilled, no abort reaches the client."""
+    before, old_model, new_model = current(server, models)
+
     async def run() -> object:
         client = InferenceClient([server.address], abort_wait=0.01)
         try:
@@ -55,8 +67,10 @@ def test_abort_update_resume_keeps_per_token_versions(server: ServerHandle, mode
             await asyncio.to_thread(wait_for_progress, server, 30)
 
             def update() -> None:
-                control.pause_generation(server.address, "abort")
-                control.update_weights_from_disk([server.address], str(models[1]), 1)
+                control.pause_generation(server.address, mode)
+                if mode == "retract":  # back in the queue
+                    assert control.server_info(server.address)["batching"]["num_running"] == 0
+                control.update_weights_from_disk([server.address], str(new_model), before + 1)
                 control.continue_generation([server.address])
 
             await asyncio.to_thread(update)
@@ -66,36 +80,39 @@ def test_abort_update_resume_keeps_per_token_versions(server: ServerHandle, mode
 
     gen = asyncio.run(run())
     assert len(gen.output_ids) == 800 and gen.finish_reason == "length"
-    assert gen.info["resumes"] >= 1
-    k = split_point(gen.versions, 0, 1)
+    assert gen.info["resumes"] >= 1 if mode == "abort" else gen.info["resumes"] == 0
+    k = split_point(gen.versions, before, before + 1)
     assert 30 <= k < 800
-    old = reforward_logprobs(models[0], PROMPT, gen.output_ids[:k])
-    new = reforward_logprobs(models[1], PROMPT, gen.output_ids)[k:]
+    old = reforward_logprobs(old_model, PROMPT, gen.output_ids[:k])
+    new = reforward_logprobs(new_model, PROMPT, gen.output_ids)[k:]
     assert max(abs(a - b) for a, b in zip(gen.logprobs[:k], old, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(gen.logprobs[k:], new, strict=True)) < 1e-4
-    assert control.model_info(server.address)["weight_version"] == "1"
+    assert control.model_info(server.address)["weight_version"] == str(before + 1)
 
 
 def test_in_place_update_recomputes_and_labels_tokens(server: ServerHandle, models: tuple[Path, Path]) -> None:
+    before, old_model, new_model = current(server, models)
+
     async def run() -> dict:
         async with httpx.AsyncClient(timeout=60) as http:
             body = {"input_ids": PROMPT, "return_logprob": True,
                     "sampling_params": {"max_new_tokens": 800, "ignore_eos": True}}  # fmt: skip
             task = asyncio.ensure_future(http.post(server.url + "/generate", json=body))
             await asyncio.to_thread(wait_for_progress, server, 30)
-            reply = await asyncio.to_thread(control.update_weights_from_disk, server.address, str(models[0]), 2)
+            reply = await asyncio.to_thread(control.update_weights_from_disk, server.address, str(new_model),
+                                            before + 1)
             assert reply[0]["success"] is True and reply[0]["num_paused_requests"] == 1
             return (await task).json()
 
     out = asyncio.run(run())
     meta = out["meta_info"]
-    assert meta["finish_reason"]["type"] == "length" and meta["weight_version"] == "2"
+    assert meta["finish_reason"]["type"] == "length" and meta["weight_version"] == str(before + 1)
     versions = [int(v) for v in meta["output_token_weight_versions"]]
-    k = split_point(versions, 1, 2)
+    k = split_point(versions, before, before + 1)
     ids = out["output_ids"]
     got = [row[0] for row in meta["output_token_logprobs"]]
-    old = reforward_logprobs(models[1], PROMPT, ids[:k])
-    new = reforward_logprobs(models[0], PROMPT, ids)[k:]
+    old = reforward_logprobs(old_model, PROMPT, ids[:k])
+    new = reforward_logprobs(new_model, PROMPT, ids)[k:]
     assert max(abs(a - b) for a, b in zip(got[:k], old, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(got[k:], new, strict=True)) < 1e-4
 
@@ -114,33 +131,3 @@ def test_bad_weights_are_refused_and_old_ones_kept(server: ServerHandle, tmp_pat
     out = httpx.post(server.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
     assert out.status_code == 200 and out.json()["meta_info"]["weight_version"] == before
 
-
-def test_retract_pause_update_continues_without_a_resend(server: ServerHandle, models: tuple[Path, Path]) -> None:
-    """The weight sync's order (pause in ``retract`` mode, update, continue): the request stays
-    on the server, is re-prefilled under the new weights and replies once; no abort reaches the client."""
-    before = int(control.model_info(server.address)["weight_version"])
-
-    async def run() -> object:
-        client = InferenceClient([server.address], abort_wait=0.01)
-        try:
-            task = asyncio.ensure_future(client.generate(PROMPT, {"max_new_tokens": 800, "ignore_eos": True}, rid="ep"))
-            await asyncio.to_thread(wait_for_progress, server, 30)
-
-            def update() -> None:
-                control.pause_generation(server.address, "retract")
-                assert control.server_info(server.address)["batching"]["num_running"] == 0  # back in the queue
-                control.update_weights_from_disk([server.address], str(models[1]), before + 1)
-                control.continue_generation([server.address])
-
-            await asyncio.to_thread(update)
-            return await task
-        finally:
-            await client.aclose()
-
-    gen = asyncio.run(run())
-    assert len(gen.output_ids) == 800 and gen.finish_reason == "length"
-    assert gen.info["resumes"] == 0
-    k = split_point(gen.versions, before, before + 1)
-    assert 30 <= k < 800
-    assert max(abs(a - b) for a, b in zip(gen.logprobs[k:], reforward_logprobs(models[1], PROMPT, gen.output_ids)[k:],
-                                          strict=True)) < 1e-4
