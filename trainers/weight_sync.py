@@ -295,10 +295,12 @@ class DistributedWeightSync(WeightSync):
 def make_weight_sync(cfg: Any, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
     """The weight sync ``trainer.weight_sync`` selects: ``disk``, or a broadcast over ``nccl``
     (SGLang on GPUs) or ``gloo`` (embedded servers), which falls back to disk when it fails."""
-    pause = cfg.inference.backend != "embedded"  # SGLang updates only while generation is paused
+    # SGLang updates only while generation is paused; a broadcast pauses too, as the pause is
+    # what finds the servers that are up to form its group with
+    pause = cfg.inference.backend != "embedded"
     disk = DiskWeightSync(addresses, root, pause=pause)
     if cfg.trainer.weight_sync == "disk":
         return disk
     world = cfg.sglang.tp_size if cfg.inference.backend == "sglang" else 1
     return DistributedWeightSync(addresses, backend=cfg.trainer.weight_sync, server_world=world,
-                                 master_address=cfg.trainer.weight_sync_address, fallback=disk, pause=pause)
+                                 master_address=cfg.trainer.weight_sync_address, fallback=disk)
