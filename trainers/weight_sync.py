@@ -61,11 +61,8 @@ class WeightSync:
     sync fails only when no server is reachable, or when one answers with an error.
     """
 
-    def __init__(self, addresses: Sequence[str], *, pause: bool = True) -> None:
+    def __init__(self, addresses: Sequence[str]) -> None:
         self.addresses = list(addresses)
-        # False: the servers swap weights at a token boundary on their own (embedded), so a full
-        # update needs no pause and generation goes on while they load (an adapter swap still pauses)
-        self.pause = pause
         self.down: dict[str, str] = {}  # address -> why it was unreachable at the last sync
         self.events: list[str] = []  # servers lost and regained, fallbacks: for the run's log (pop them)
 
@@ -91,10 +88,10 @@ class WeightSync:
             answered.append(addr)
         return answered
 
-    def _paused(self, version: int, update: Callable[[list[str]], list[str]], *, lora: bool = False) -> None:
+    def _paused(self, version: int, update: Callable[[list[str]], list[str]], *, pause: bool = True) -> None:
         """``update`` the reachable servers (it returns those it reached), paused around it
-        unless :attr:`pause` is off and ``update`` swaps full weights (not a LoRA adapter)."""
-        if not (self.pause or lora):
+        unless ``pause`` is off (then ``update`` meets unreachable servers itself)."""
+        if not pause:
             up = update(self.addresses)
         else:
             # retract: in-flight requests wait in the server's queue and are re-prefilled under
@@ -129,8 +126,10 @@ class DiskWeightSync(WeightSync):
                  pause: bool = True) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (got {keep})")
-        super().__init__(addresses, pause=pause)
-        self.root, self.keep = Path(root), keep
+        super().__init__(addresses)
+        # False: the servers swap weights at a token boundary on their own (embedded), so a full
+        # update needs no pause and generation goes on while they load (an adapter swap still pauses)
+        self.root, self.keep, self.pause = Path(root), keep, pause
 
     def path_for(self, version: int) -> Path:
         return self.root / f"v{version:06d}"
@@ -142,7 +141,7 @@ class DiskWeightSync(WeightSync):
             update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
                                             if lora is None else
                                             (lambda a: control.load_lora_adapter(a, lora.name, str(path), version)))
-            self._paused(version, lambda up: self._on_each(up, update), lora=lora is not None)
+            self._paused(version, lambda up: self._on_each(up, update), pause=self.pause or lora is not None)
         if engine.rank == 0:
             self.prune()
         tdist.barrier()
@@ -170,10 +169,10 @@ class DistributedWeightSync(WeightSync):
 
     def __init__(self, addresses: Sequence[str], *, backend: str = "nccl", master_address: str = "127.0.0.1",
                  master_port: int | None = None, server_world: int = 1, group_name: str = "areal_agents_weights",
-                 timeout_s: float = 300.0, fallback: DiskWeightSync | None = None, pause: bool = True) -> None:
+                 timeout_s: float = 300.0, fallback: DiskWeightSync | None = None) -> None:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be nccl or gloo (got {backend!r})")
-        super().__init__(addresses, pause=pause)
+        super().__init__(addresses)
         self.backend, self.server_world, self.group_name, self.timeout_s = backend, server_world, group_name, timeout_s
         self.master_address, self.master_port = master_address, master_port
         self.fallback = fallback
@@ -271,7 +270,7 @@ class DistributedWeightSync(WeightSync):
             state = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
             target = None if lora is None else (lora.name, _adapter_config(engine))
             try:
-                self._paused(version, lambda up: self._broadcast(up, state, version, target), lora=lora is not None)
+                self._paused(version, lambda up: self._broadcast(up, state, version, target))
             except Exception as exc:
                 self.close()  # a member died or refused mid-update: the group is unusable
                 if self.fallback is None:

@@ -130,4 +130,3 @@ def test_bad_weights_are_refused_and_old_ones_kept(server: ServerHandle, tmp_pat
     assert control.model_info(server.address)["weight_version"] == before
     out = httpx.post(server.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
     assert out.status_code == 200 and out.json()["meta_info"]["weight_version"] == before
-
