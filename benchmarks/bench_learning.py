@@ -13,7 +13,9 @@ command (``areal-agents run``, embedded server, async rollout), run as a subproc
 
 Training time excludes evaluation and start-up on both sides: it is the wall time since the
 first step began minus the time spent in evals. Reported per system, over seeds: samples/s
-(trained; and generated, which for areal-agents adds the groups its group filter set aside),
+(trained; generated, which for areal-agents adds the groups its group filter set aside; and
+with a learning signal: samples in groups whose rewards are not all equal, the only ones
+whose group-normalised advantage is not zero, so the only ones that move the policy),
 greedy accuracy at 1/2/4/8 minutes, time to first reach 0.80/0.90/0.95 and whether the
 final eval still holds it; mean, min and max. Writes ``benchmarks/results/learning.json``
 and ``learning.png`` (accuracy vs training time).
@@ -90,7 +92,7 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
         return greedy_accuracy(model, tok, env, test_rows, test_prompts, max_new_tokens=s.max_new_tokens)
 
     curve = [[0.0, evaluate()]]
-    train_s, steps, samples = 0.0, 0, 0
+    train_s, steps, samples, signal = 0.0, 0, 0, 0
     phase = {"generate_s": 0.0, "reward_s": 0.0, "train_s": 0.0}
     while train_s < budget_s:
         t0 = time.perf_counter()
@@ -119,6 +121,7 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
         rewards = torch.tensor([float(math_reward(t, **row)) for t, row in zip(texts, rows, strict=True)])
         r = rewards.view(n_prompts, group)
         adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)
+        signal += group * int((r.amax(1) > r.amin(1)).sum())  # an all-equal group has advantage 0
         t2 = time.perf_counter()
         model.train()
         full = torch.cat([ids, gen], 1)
@@ -144,7 +147,8 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
             curve.append([train_s, evaluate()])
     if curve[-1][0] != train_s:
         curve.append([train_s, evaluate()])
-    return {"curve": curve, "steps": steps, "samples": samples, "train_s": train_s, "phases_s": phase}
+    return {"curve": curve, "steps": steps, "samples": samples, "signal": signal, "train_s": train_s,
+            "phases_s": phase}
 
 
 # ------------------------------------------------------------------------------ areal-agents
@@ -162,6 +166,7 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
     rows = [json.loads(line) for line in (workdir / "math" / f"seed{seed}" / "metrics.jsonl").open()]
     origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
     curve, eval_s, samples, steps, dropped = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0, 0.0
+    signal = 0.0
     phase = {"rollout_wait_s": 0.0, "train_s": 0.0, "sync_s": 0.0}
     for row in rows[1:]:
         if "time/train_s" not in row:  # the final eval row
@@ -169,6 +174,7 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
         eval_s += row.get("time/eval_s", 0.0)
         train_s = row["time/elapsed_s"] - origin - eval_s
         steps, samples = steps + 1, samples + int(row.get("train/n_seqs", 0))
+        signal += row.get("train/n_seqs", 0) * row.get("rollout/signal_groups", 1.0)
         dropped = row.get("rollout/dropped_groups", dropped)  # cumulative: groups the filter set aside
         for k in phase:
             phase[k] += row.get(f"time/{k}", 0.0)
@@ -180,8 +186,8 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
     if curve[-1][0] < train_s and "eval/accuracy" in final and "time/train_s" not in final:
         curve.append([train_s, final["eval/accuracy"]])  # the run's own final eval, at its last step
     generated = samples + int(dropped) * _config(seed).rollout.group_size
-    return {"curve": curve, "steps": steps, "samples": samples, "generated": generated, "train_s": train_s,
-            "phases_s": phase}
+    return {"curve": curve, "steps": steps, "samples": samples, "generated": generated, "signal": round(signal),
+            "train_s": train_s, "phases_s": phase}
 
 
 # ------------------------------------------------------------------------------ analysis
@@ -201,8 +207,8 @@ def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
             return {"mean": None, "min": None, "max": None, "n": 0, "of": len(xs)}
         return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals), "of": len(xs)}
 
-    out: dict[str, Any] = {"samples_per_s": stats([r["samples"] / r["train_s"] for r in runs]),
-                           "generated_per_s": stats([r.get("generated", r["samples"]) / r["train_s"] for r in runs])}
+    out: dict[str, Any] = {f"{kind}_per_s": stats([r.get(key, r["samples"]) / r["train_s"] for r in runs])
+                           for kind, key in (("samples", "samples"), ("generated", "generated"), ("signal", "signal"))}
     out["accuracy_at_min"] = {str(m): stats([acc_at(r["curve"], m * 60) for r in runs])
                               for m in MARKS_MIN if m * 60 <= budget_s + 1e-9}
     out["time_to_s"] = {}
@@ -254,16 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(plain_loop(model, int(seed), args.budget, args.eval_every)))
         return 0
 
-    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console()
     model = _warm_model()
     cfg = _config(args.seeds[0])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.systems}
     t_start = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    console = bar.console
+    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp, bar:
+        task = bar.add_task("runs", total=len(args.seeds) * len(args.systems))
         for seed in args.seeds:
             for name in args.systems:
+                bar.update(task, description=f"{name} seed {seed} ({args.budget:.0f} s of training)")
                 t0 = time.monotonic()
                 if name == "areal":
                     run = areal_run(model, seed, args.budget, args.eval_every, Path(tmp), args.override)
@@ -275,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
                 run["seed"] = seed
                 runs[name].append(run)
                 console.print(f"{name:6s} seed {seed}: {run['samples'] / run['train_s']:.0f} samples/s trained "
-                              f"({run.get('generated', run['samples']) / run['train_s']:.0f} generated), "
+                              f"({run.get('generated', run['samples']) / run['train_s']:.0f} generated, "
+                              f"{run['signal'] / run['train_s']:.0f} with a learning signal), "
                               f"accuracy {run['curve'][0][1]:.2f} -> {run['curve'][-1][1]:.2f} in "
                               f"{run['train_s']:.0f} s of training ({time.monotonic() - t0:.0f} s wall)")
+                bar.advance(task)
     summary = {name: summarise(rs, args.budget) for name, rs in runs.items()}
     result: dict[str, Any] = {
         "benchmark": "greedy accuracy vs training time, areal-agents run vs a plain synchronous GRPO loop",
@@ -289,13 +300,17 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary, "runs": runs, "targets": TARGETS,
     }
     if {"areal", "plain"} <= set(runs):
-        ratio = summary["areal"]["samples_per_s"]["mean"] / summary["plain"]["samples_per_s"]["mean"]
+        ratios = {kind: summary["areal"][f"{kind}_per_s"]["mean"] / summary["plain"][f"{kind}_per_s"]["mean"]
+                  for kind in ("samples", "generated", "signal")}
+        ratio = ratios["samples"]
         ta, tp = (summary[n]["time_to_s"]["0.90"] for n in ("areal", "plain"))
         t_ratio = ta["mean"] / tp["mean"] if ta["n"] == len(args.seeds) and tp["n"] == len(args.seeds) else None
-        result.update(ratio=ratio, samples_per_s_ratio=ratio, time_to_090_ratio=t_ratio,
+        result.update(ratio=ratio, samples_per_s_ratio=ratio, generated_per_s_ratio=ratios["generated"],
+                      signal_per_s_ratio=ratios["signal"], time_to_090_ratio=t_ratio,
                       meets_target=bool(ratio >= TARGETS["samples_per_s_ratio"] and t_ratio is not None
                                         and t_ratio <= TARGETS["time_to_0.90_ratio"]))
-        console.print(f"samples/s ratio {ratio:.2f}x (target >= 1.5); time to 0.90 ratio "
+        console.print(f"samples/s ratio {ratio:.2f}x trained, {ratios['generated']:.2f}x generated, "
+                      f"{ratios['signal']:.2f}x with a learning signal (target >= 1.5); time to 0.90 ratio "
                       f"{'n/a' if t_ratio is None else f'{t_ratio:.2f}'} (target <= 0.6)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -33,6 +33,9 @@ def test_summary_over_seeds_reports_mean_spread_and_holding() -> None:
     assert s["generated_per_s"]["mean"] == s["samples_per_s"]["mean"]  # no group filter: all generated were trained
     runs[1]["generated"] = 3840  # the filter set 160 groups of 8 aside
     assert bl.summarise(runs, budget_s=240.0)["generated_per_s"]["max"] == pytest.approx(3840 / 240)
+    assert s["signal_per_s"] == s["samples_per_s"]  # not counted: every trained sample taken to carry a signal
+    runs[0]["signal"] = 640  # half of its groups were all-equal (advantage 0)
+    assert bl.summarise(runs, budget_s=240.0)["signal_per_s"]["min"] == pytest.approx(640 / 240)
     assert s["accuracy_at_min"]["1"]["mean"] == pytest.approx((0.92 + 0.5) / 2)
     assert s["accuracy_at_min"]["4"] == {"mean": pytest.approx(0.905), "min": 0.85, "max": 0.96, "n": 2, "of": 2}
     assert "8" not in s["accuracy_at_min"]  # beyond the budget
