@@ -108,7 +108,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
 
     if not examples:
         raise ValueError("sft_train needs at least one example")
-    if tokenizer is None and isinstance(examples[0][0], str):
+    if tokenizer is None and any(not isinstance(e, Trajectory) and isinstance(e[0], str) for e in examples):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)

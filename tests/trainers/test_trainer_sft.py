@@ -95,6 +95,14 @@ def test_warm_start_checks_sparsely_while_far_below_its_target(chat_model: Path,
     assert report["stopped_early"] and len(report["loss"]) == 30
 
 
+def test_sft_trains_trajectories_without_a_tokenizer(chat_model: Path, tmp_path: Path) -> None:
+    """A :class:`Trajectory` example carries its own token ids and loss mask: no tokenizer needed."""
+    examples = [_trajectory([5, 6, 3 + i], [8 + i, 9]) for i in range(4)]
+    report = sft_train(chat_model, examples, SFTConfig(steps=30, batch_size=4, lr=1e-2, warmup_steps=2, eval_every=0),
+                       tmp_path / "out", progress=False)
+    assert report["loss"][-1] < 0.2 * report["loss"][0]
+
+
 def test_sft_rejects_mixed_examples(chat_model: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="both be text or both token ids"):
         sft_train(chat_model, [("text", [1, 2])], SFTConfig(steps=1), tmp_path / "o", progress=False)
