@@ -44,6 +44,7 @@ RESULTS = HERE / "results"
 MARKS_MIN = (1, 2, 4, 8)
 THRESHOLDS = (0.80, 0.90, 0.95)
 TARGETS = {"samples_per_s_ratio": 1.5, "time_to_0.90_ratio": 0.6}
+COUNTS = ("samples", "generated", "signal")  # trained, generated, with a learning signal (per run)
 
 
 def _config(seed: int) -> Any:
@@ -173,8 +174,9 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
             continue
         eval_s += row.get("time/eval_s", 0.0)
         train_s = row["time/elapsed_s"] - origin - eval_s
-        steps, samples = steps + 1, samples + int(row.get("train/n_seqs", 0))
-        signal += row.get("train/n_seqs", 0) * row.get("rollout/signal_groups", 1.0)
+        n_seqs = int(row.get("train/n_seqs", 0))
+        steps, samples = steps + 1, samples + n_seqs
+        signal += n_seqs * row.get("rollout/signal_groups", 1.0)
         dropped = row.get("rollout/dropped_groups", dropped)  # cumulative: groups the filter set aside
         for k in phase:
             phase[k] += row.get(f"time/{k}", 0.0)
@@ -207,8 +209,9 @@ def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
             return {"mean": None, "min": None, "max": None, "n": 0, "of": len(xs)}
         return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals), "of": len(xs)}
 
-    out: dict[str, Any] = {f"{kind}_per_s": stats([r.get(key, r["samples"]) / r["train_s"] for r in runs])
-                           for kind, key in (("samples", "samples"), ("generated", "generated"), ("signal", "signal"))}
+    # a run without a count of its own (no filter, or not counted) trained all it generated, each with a signal
+    out: dict[str, Any] = {f"{kind}_per_s": stats([r.get(kind, r["samples"]) / r["train_s"] for r in runs])
+                           for kind in COUNTS}
     out["accuracy_at_min"] = {str(m): stats([acc_at(r["curve"], m * 60) for r in runs])
                               for m in MARKS_MIN if m * 60 <= budget_s + 1e-9}
     out["time_to_s"] = {}
@@ -301,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if {"areal", "plain"} <= set(runs):
         ratios = {kind: summary["areal"][f"{kind}_per_s"]["mean"] / summary["plain"][f"{kind}_per_s"]["mean"]
-                  for kind in ("samples", "generated", "signal")}
+                  for kind in COUNTS}
         ratio = ratios["samples"]
         ta, tp = (summary[n]["time_to_s"]["0.90"] for n in ("areal", "plain"))
         t_ratio = ta["mean"] / tp["mean"] if ta["n"] == len(args.seeds) and tp["n"] == len(args.seeds) else None
