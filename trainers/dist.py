@@ -8,7 +8,6 @@ variables ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``) or by :func:`
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,8 +26,6 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "init_distributed",
-    "is_main",
-    "run_torchrun",
     "shutdown",
     "spawn",
     "torchrun_command",
@@ -41,10 +38,6 @@ def get_rank() -> int:
 
 def get_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def is_main() -> bool:
-    return get_rank() == 0
 
 
 def barrier() -> None:
@@ -134,10 +127,3 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str] = (), *, nnode
             raise ValueError("several nodes need rdzv_endpoint=host:port")
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
     return [*cmd, "-m", module, *args]
-
-
-def run_torchrun(nproc: int, module: str, args: Sequence[str] = (), *, nnodes: int = 1,
-                 rdzv_endpoint: str | None = None, **kwargs: Any) -> int:
-    """Run :func:`torchrun_command` to completion and return its exit code."""
-    return subprocess.call(torchrun_command(nproc, module, args, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
-                           **kwargs)
