@@ -22,7 +22,6 @@ from areal_agents.types import Trajectory
 
 __all__ = [
     "Batch",
-    "batch_size",
     "collate",
     "concat_batches",
     "load_trajectories",
@@ -89,10 +88,6 @@ def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
     return out
 
 
-def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
-    return int(batch["input_ids"].shape[0])
-
-
 def seq_lens(batch: Mapping[str, torch.Tensor]) -> list[int]:
     """Unpadded length of every row (from ``seq_lens`` or ``attention_mask``)."""
     if "seq_lens" in batch:
@@ -105,7 +100,7 @@ def select(batch: Mapping[str, torch.Tensor], idx: Sequence[int]) -> Batch:
 
     Tensors whose first dim is not ``B`` (batch-level scalars) are carried unchanged.
     """
-    b = batch_size(batch)
+    b = int(batch["input_ids"].shape[0])
     t_full = int(batch["input_ids"].shape[1])
     index = torch.tensor(list(idx), dtype=torch.long)
     lens = seq_lens(batch)
