@@ -6,6 +6,7 @@ import copy
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 
 from areal_agents.config import DTYPES
 
-__all__ = ["TORCH_DTYPES", "copy_side_files", "fsync_dir", "publish_dir", "write_hf_dir"]
+__all__ = ["TORCH_DTYPES", "fsync_dir", "publish_dir", "write_hf_dir", "write_model_dir"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
 """The torch dtype of each dtype name a config accepts (``actor.dtype``, ``sglang.dtype``, ...)."""
@@ -53,12 +54,27 @@ def publish_dir(tmp: Path, out: Path, *, durable: bool = True) -> Path:
     return out
 
 
-def copy_side_files(src_dir: str | os.PathLike[str], dst: Path) -> None:
+def _copy_side_files(src_dir: str | os.PathLike[str], dst: Path) -> None:
     """Copy the tokenizer/generation files of model dir ``src_dir`` (not its weights or config) into ``dst``."""
     src = Path(src_dir)
     for f in src.iterdir() if src.is_dir() else []:
         if f.is_file() and f.name not in _SKIP and not f.name.endswith(_WEIGHT_FILES) and not f.name.startswith("adapter_"):
             shutil.copy2(f, dst / f.name)
+
+
+def write_model_dir(out_dir: str | os.PathLike[str], src_dir: str | os.PathLike[str],
+                    write: Callable[[Path], None], *, durable: bool = True) -> Path:
+    """Fill a temporary sibling of ``out_dir`` with ``write(tmp)`` and the tokenizer/generation
+    files of ``src_dir``, then publish it as ``out_dir`` (:func:`publish_dir`, ``durable`` as there)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write(tmp)
+        _copy_side_files(src_dir, tmp)
+        return publish_dir(tmp, out, durable=durable)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once published
 
 
 def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | os.PathLike[str],
@@ -70,10 +86,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | 
     """
     from safetensors.torch import save_file
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    def write(tmp: Path) -> None:
         tensors = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
         if getattr(hf_config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)
@@ -81,8 +94,5 @@ def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | 
         out_cfg = copy.deepcopy(hf_config)
         out_cfg.dtype = dtype
         out_cfg.save_pretrained(tmp)
-        copy_side_files(src_dir, tmp)
-        return publish_dir(tmp, out, durable=durable)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    return write_model_dir(out_dir, src_dir, write, durable=durable)

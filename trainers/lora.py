@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ import torch
 from torch import nn
 
 from areal_agents.config import ConfigError, LoraConfig
-from trainers.hf_io import copy_side_files, publish_dir
+from trainers.hf_io import write_model_dir
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "adapter_config", "adapter_disabled", "adapter_key", "apply_lora",
            "is_adapter_key", "merge_state", "write_adapter_dir"]
@@ -83,21 +81,15 @@ def adapter_key(name: str) -> str:
 def write_adapter_dir(state: dict[str, torch.Tensor], config: dict[str, Any], src_dir: str | os.PathLike[str],
                       out_dir: str | os.PathLike[str], dtype: torch.dtype, *, durable: bool = True) -> Path:
     """Write a PEFT adapter dir (config, weights, the tokenizer files of ``src_dir``) atomically
-    (:func:`~trainers.hf_io.publish_dir`, ``durable`` as there)."""
+    (:func:`~trainers.hf_io.write_model_dir`, ``durable`` as there)."""
     from safetensors.torch import save_file
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    def write(tmp: Path) -> None:
         tensors = {adapter_key(k): v.detach().to(dtype).contiguous() for k, v in state.items() if is_adapter_key(k)}
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=1))
-        copy_side_files(src_dir, tmp)
-        return publish_dir(tmp, out, durable=durable)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    return write_model_dir(out_dir, src_dir, write, durable=durable)
 
 
 def merge_state(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
