@@ -91,13 +91,10 @@ class RunDisplay:
         )
         self._task: Any = None
         self._accuracy: Any = None
-        self._started = False
         self.signal = SignalWatch(cfg.rollout.no_signal_warn_steps)
 
     def start(self, total: int, done: int = 0) -> None:
-        if not self._started:
-            self.progress.start()
-            self._started = True
+        self.progress.start()
         self._task = self.progress.add_task("RL", total=total, completed=done, stats="")
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
@@ -117,9 +114,7 @@ class RunDisplay:
         self.progress.console.print(f"[dim]{text}[/dim]")
 
     def stop(self) -> None:
-        if self._started:
-            self.progress.stop()
-            self._started = False
+        self.progress.stop()
 
     def summary(self, summary: dict[str, Any]) -> None:
         """The end-of-run table (for ``mode=train`` / ``mode=rollout``, what that mode produced)."""
