@@ -45,6 +45,8 @@ class Policy(Protocol):
 
     rank: int
     cfg: Any
+    model_path: Path
+    actor: Any  # its .model: the wrapped policy, whose adapter names its target modules
 
     def export_hf(self, out_dir: str | os.PathLike[str], *, durable: bool = True) -> Path: ...
 
@@ -106,15 +108,6 @@ class WeightSync:
                                        f"({'; '.join(self.down.values())})")
 
 
-def _lora(engine: Policy) -> Any:
-    """The engine's ``actor.lora`` section when it trains a LoRA adapter, else None."""
-    return getattr(engine, "lora", None)
-
-
-def _adapter_config(engine: Any) -> dict[str, Any]:
-    return adapter_config(engine.lora, engine.model_path, engine.actor.model)
-
-
 class DiskWeightSync(WeightSync):
     """Export to ``root/v<version>`` then ``/update_weights_from_disk`` on every server, with
     generation paused around it (in-flight requests are retracted into the server's queue and
@@ -136,7 +129,7 @@ class DiskWeightSync(WeightSync):
 
     def sync(self, engine: Policy, version: int) -> None:
         path = engine.export_hf(self.path_for(version), durable=False)  # with LoRA: the adapter dir
-        lora = _lora(engine)
+        lora = getattr(engine, "lora", None)  # actor.lora when it trains a LoRA adapter
         if engine.rank == 0 and self.addresses:
             update: Callable[[str], Any] = ((lambda a: control.update_weights_from_disk(a, str(path), version))
                                             if lora is None else
@@ -146,13 +139,11 @@ class DiskWeightSync(WeightSync):
             self.prune()
         tdist.barrier()
 
-    def prune(self) -> list[Path]:
-        """Delete exported versions beyond the newest ``keep``; return what was removed."""
+    def prune(self) -> None:
+        """Delete exported versions beyond the newest ``keep``."""
         versions = sorted(p for p in self.root.glob("v[0-9]*") if p.is_dir())
-        removed = versions[: max(0, len(versions) - self.keep)]
-        for p in removed:
+        for p in versions[: max(0, len(versions) - self.keep)]:
             shutil.rmtree(p, ignore_errors=True)
-        return removed
 
 
 class DistributedWeightSync(WeightSync):
@@ -262,13 +253,13 @@ class DistributedWeightSync(WeightSync):
         return up
 
     def sync(self, engine: Policy, version: int) -> None:
-        lora = _lora(engine)
+        lora = getattr(engine, "lora", None)
         state = engine.full_state_dict() if lora is None else engine.adapter_state_dict()
         failed: str | None = None
         if engine.rank == 0 and self.addresses:
             dtype = TORCH_DTYPES[engine.cfg.actor.dtype]
             state = {k: v.detach().to(dtype).contiguous() for k, v in state.items()}
-            target = None if lora is None else (lora.name, _adapter_config(engine))
+            target = None if lora is None else (lora.name, adapter_config(lora, engine.model_path, engine.actor.model))
             try:
                 self._paused(version, lambda up: self._broadcast(up, state, version, target))
             except Exception as exc:
