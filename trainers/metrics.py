@@ -45,7 +45,7 @@ class MetricsLogger:
             self._wandb = wandb.init(project=cfg.wandb_project, dir=str(self.run_dir), config=config,
                                      name=self.run_dir.name)
 
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, "time/elapsed_s": round(time.monotonic() - self.start, 3),
                **{k: _clean(v) for k, v in metrics.items()}}
         self.history.append(row)
@@ -58,7 +58,6 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(row, step=step)
-        return row
 
     def log_samples(self, step: int, trajectories: list[Trajectory]) -> None:
         for traj in trajectories[: self.cfg.samples_per_step]:
