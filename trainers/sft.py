@@ -58,9 +58,7 @@ def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
         prompt, completion = example
         if isinstance(prompt, str) != isinstance(completion, str):
             raise ValueError(f"example {i}: prompt and completion must both be text or both token ids")
-        if isinstance(prompt, str):
-            if tokenizer is None:
-                raise ValueError("text examples need a tokenizer")
+        if isinstance(prompt, str):  # sft_train has loaded a tokenizer for text examples
             p = tokenizer.encode(prompt, add_special_tokens=False)
             c = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
         else:
