@@ -26,6 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.losses import LossNorm
 from areal_agents.config import ExperimentConfig
+from areal_agents.registry import algorithms
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
@@ -41,11 +42,9 @@ from trainers.lora import (
 )
 from trainers.prompt_packing import Packed, pack_prompts
 
-__all__ = ["DTYPES", "LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
+__all__ = ["LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
-
-DTYPES = TORCH_DTYPES
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -124,7 +123,7 @@ class ShardedModel:
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        mp = MixedPrecisionPolicy(param_dtype=DTYPES[a.dtype], reduce_dtype=DTYPES[a.grad_reduce_dtype])
+        mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[a.dtype], reduce_dtype=TORCH_DTYPES[a.grad_reduce_dtype])
         # One rank in float32 has nothing to shard or cast: the plain module is the same maths
         # without FSDP's per-layer copies (about 1.5x faster for the tiny model on CPU).
         self.sharded = mesh.size() > 1 or a.dtype != "float32" or a.grad_reduce_dtype != "float32"
@@ -208,7 +207,7 @@ class TrainEngine:
         self.ref = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm", lr=None,
                                 total_steps=total) if cfg.algorithm.kl_ctl > 0 and self.lora is None else None
         if critic is None:
-            critic = _spec_needs_critic(cfg.algorithm.name)
+            critic = bool(getattr(algorithms.get(cfg.algorithm.name), "needs_critic", False))
         self.critic = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="value",
                                    lr=cfg.actor.critic_lr, total_steps=total) if critic else None
         self.hf_config = self.actor.config
@@ -391,7 +390,7 @@ class TrainEngine:
         never sees a half-written directory; ``durable=False`` skips the fsyncs (a weight-sync
         hand-off, not a result to keep). Returns ``out_dir``.
         """
-        out, dtype = Path(out_dir), DTYPES[self.cfg.actor.dtype]
+        out, dtype = Path(out_dir), TORCH_DTYPES[self.cfg.actor.dtype]
         if self.lora is not None and not merged:
             adapter = self.adapter_state_dict()
             if self.rank == 0:
@@ -414,12 +413,3 @@ class TrainEngine:
             out = Path(out_dir)
             self.export_hf(out.with_name(out.name + "_adapter"))
         return self.export_hf(out_dir, merged=True)
-
-
-def _spec_needs_critic(name: str) -> bool:
-    try:
-        from areal_agents.registry import algorithms
-
-        return bool(getattr(algorithms.get(name), "needs_critic", False))
-    except Exception:  # noqa: BLE001 - unknown/unloadable spec: decide by name
-        return name == "ppo"
