@@ -193,7 +193,7 @@ class TrainEngine:
     """
 
     def __init__(self, cfg: ExperimentConfig, model_path: str | os.PathLike[str], *, critic: bool | None = None,
-                 total_steps: int | None = None, lr: float | None = None) -> None:
+                 total_steps: int | None = None) -> None:
         self.cfg, self.model_path = cfg, Path(model_path)
         self.rank, self.world = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
         self.mesh = tdist.build_mesh(cfg.trainer.device, cfg.actor.hsdp_replicate)
@@ -201,7 +201,7 @@ class TrainEngine:
             else torch.device("cpu")
         total = total_steps if total_steps is not None else cfg.trainer.total_steps * cfg.algorithm.ppo_n_minibatches
         self.actor = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm",
-                                  lr=lr if lr is not None else cfg.actor.lr, total_steps=total)
+                                  lr=cfg.actor.lr, total_steps=total)
         self.lora = cfg.actor.lora if cfg.actor.lora.enabled else None
         # With LoRA the reference is the policy with its adapter disabled: no second model.
         self.ref = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm", lr=None,

@@ -75,13 +75,6 @@ def _trajectory(prompt: list[int], completion: list[int]) -> Trajectory:
                       versions=[-1] * n_p + [0] * n_c, turn_spans=[(n_p, n_p + n_c)])
 
 
-def _sft_experiment(cfg: ExperimentConfig | None, sft: SFTConfig, schedule: str) -> ExperimentConfig:
-    base = cfg if cfg is not None else ExperimentConfig()
-    actor = dataclasses.replace(base.actor, lr=sft.lr, warmup_steps=sft.warmup_steps, lr_schedule=schedule)
-    algo = dataclasses.replace(base.algorithm, kl_ctl=0.0)
-    return dataclasses.replace(base, actor=actor, algorithm=algo)
-
-
 def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], sft: SFTConfig, out_dir: str | os.PathLike[str],
               *, cfg: ExperimentConfig | None = None, tokenizer: Any = None,
               eval_fn: Callable[[Any], dict[str, float]] | None = None, progress: bool = True,
@@ -111,8 +104,11 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     pairs = _to_ids(examples, tokenizer)
-    exp = _sft_experiment(cfg, sft, "cosine" if stop_at is None else "constant")
-    engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps), lr=sft.lr)
+    base = cfg if cfg is not None else ExperimentConfig()
+    actor = dataclasses.replace(base.actor, lr=sft.lr, warmup_steps=sft.warmup_steps,
+                                lr_schedule="cosine" if stop_at is None else "constant")
+    exp = dataclasses.replace(base, actor=actor, algorithm=dataclasses.replace(base.algorithm, kl_ctl=0.0))
+    engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps))
     rng = random.Random(seed)
     order: list[int] = []
     history: dict[str, Any] = {"loss": [], "evals": [], "stopped_early": False}
