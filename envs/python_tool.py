@@ -41,7 +41,6 @@ class PythonToolEnv(TurnLimitedEnv):
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.hint = hint
-        self.tool_calls = 0
 
     def start(self, row: dict[str, Any]) -> str:
         self.tool_calls = 0

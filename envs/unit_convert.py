@@ -121,7 +121,6 @@ class UnitConvertEnv(TurnLimitedEnv):
 
     def __init__(self, max_turns: int = 3) -> None:
         super().__init__(max_turns)
-        self.tool_calls = 0
 
     def start(self, row: dict[str, Any]) -> str:
         self.tool_calls = 0
