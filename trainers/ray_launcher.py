@@ -287,11 +287,10 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
             ray.get([a.terminate.remote() for a in self.ranks], timeout=10)
             ray.wait(pending, num_returns=len(pending), timeout=timeout)
 
-    def write_placement(self) -> Path:
+    def write_placement(self) -> None:
         path = self.run_dir / "ray_placement.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.placement, indent=2) + "\n")
-        return path
 
     # -- teardown ------------------------------------------------------------------------------
     def close(self) -> None:
