@@ -169,7 +169,7 @@ class ShardedModel:
         if not self.pack_prompts or "loss_mask" not in mb:
             return None
         packed = pack_prompts(mb["input_ids"], mb["loss_mask"], seq_lens(mb))
-        return packed if packed is not None and packed.tokens < 0.8 * mb["input_ids"].numel() else None
+        return packed if packed is not None and packed.input_ids.numel() < 0.8 * mb["input_ids"].numel() else None
 
     def clip_and_step(self, max_norm: float) -> float:
         """Clip gradients (``max_norm`` 0 = off), step unless the norm is not finite; return the norm."""

@@ -36,10 +36,6 @@ class Packed:
     attention_mask: torch.Tensor
     gather: torch.Tensor
 
-    @property
-    def tokens(self) -> int:
-        return int(self.input_ids.numel())
-
 
 def _prompt_len(loss_mask: torch.Tensor, length: int) -> int:
     """Tokens before the first generated one (the whole row when none is generated)."""
