@@ -82,10 +82,8 @@ class RolloutExecutor:
         on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
         bounded_staleness: bool = True,
         max_failed_streak: int = 32,
-        name: str = "rollout",
     ) -> None:
         self.cfg = cfg  # validated by RolloutConfig itself
-        self.name = name
         self._bound = StalenessBound(cfg.max_head_offpolicyness, cfg.batch_size * cfg.group_size,
                                      cfg.max_concurrent_rollouts, bounded_staleness)
         self._episode_fn = episode_fn
@@ -121,7 +119,7 @@ class RolloutExecutor:
                 raise RuntimeError(f"rollout executor cannot start: it is {self._state}")
             self._state = "running"
             self._rate_mark = (time.monotonic(), self._finished, self._gen_tokens)
-            self._thread = LoopThread(f"{self.name}-loop")
+            self._thread = LoopThread("rollout-loop")
         self._thread.start()
         self._kick()
         return self
@@ -182,10 +180,6 @@ class RolloutExecutor:
             self._thread.call_soon(self._cancel_groups, stale)
         self._kick()
 
-    def get_version(self) -> int:
-        with self._cond:
-            return self._version
-
     def pause(self) -> None:
         """Stop launching episodes (in-flight ones continue); returns once no new one can start."""
         with self._cond:
@@ -196,10 +190,6 @@ class RolloutExecutor:
         with self._cond:
             self._paused = False
         self._kick()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
     @property
     def running(self) -> bool:
@@ -266,7 +256,7 @@ class RolloutExecutor:
         return groups
 
     def _record_batch(self, groups: list[list[Trajectory]]) -> None:
-        metrics = batch_metrics([t for g in groups for t in g], self.get_version())
+        metrics = batch_metrics([t for g in groups for t in g], self._version)
         sized = [g for g in groups if len(g) > 1]  # groups of one: is there any spread in the batch?
         metrics["rollout/signal_groups"] = (sum(map(nonzero_std, sized)) / len(sized) if sized
                                             else float(metrics["rollout/reward_std"] > 0))
@@ -354,7 +344,7 @@ class RolloutExecutor:
             serial, self._serial = self._serial, self._serial + 1
         seed = (self._seed * 1_000_003 + serial * self._G) % (2**31 - self._G)
         self._ledger.submitted += self._G
-        return Group(serial=serial, group_id=f"{self.name}-{serial}", row=row, size=self._G, seed=seed, key=key)
+        return Group(serial=serial, group_id=f"rollout-{serial}", row=row, size=self._G, seed=seed, key=key)
 
     def _kick(self) -> None:
         """Ask the loop thread to launch what capacity allows (from any thread)."""
