@@ -46,9 +46,7 @@ class CallRecord:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
-    api_finish_reason: str = "stop"
     request_id: str = ""
-    choice: int = 0
 
 
 class _ChainLLM(LLM):
@@ -210,7 +208,7 @@ class ChatSession:
             self.records.append(CallRecord(
                 index=len(self.records), prompt_ids=fork.input_ids[:start], completion_ids=list(gen.output_ids),
                 logprobs=list(gen.logprobs), versions=list(gen.versions), finish_reason=gen.finish_reason,
-                api_finish_reason=finish, request_id=request_id, choice=i))
+                request_id=request_id))
             if self.remember:
                 reply = {"role": "assistant", "content": content or "", "tool_calls": calls}
                 self._tips.append(_Tip(fork, [*req.messages, reply], req.tools))
