@@ -173,7 +173,7 @@ class RolloutExecutor:
         with self._cond:
             self._version = int(version)
             self._drop_stale_ready_locked()
-            stale = [g for g in self._active.values() if not g.stale and self._is_stale_locked(g)]
+            stale = [g for g in self._active.values() if not g.stale and self._bound.is_stale(g.start_version, self._version)]
             for g in stale:
                 g.stale = True
         if stale and self._thread is not None and self._state == "running":
@@ -252,10 +252,6 @@ class RolloutExecutor:
     def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
         """One training batch: ``batch_size`` groups of ``group_size`` episodes; updates :meth:`stats`."""
         groups = self.wait(self.cfg.batch_size, timeout)
-        self._record_batch(groups)
-        return groups
-
-    def _record_batch(self, groups: list[list[Trajectory]]) -> None:
         metrics = batch_metrics([t for g in groups for t in g], self._version)
         sized = [g for g in groups if len(g) > 1]  # groups of one: is there any spread in the batch?
         metrics["rollout/signal_groups"] = (sum(map(nonzero_std, sized)) / len(sized) if sized
@@ -268,6 +264,7 @@ class RolloutExecutor:
             metrics["perf/episodes_per_s"] = (self._finished - f0) / dt
             metrics["perf/gen_tokens_per_s"] = (self._gen_tokens - g0) / dt
             self._last_batch = metrics
+        return groups
 
     # ------------------------------------------------------------------ metrics and state
     def counts(self) -> dict[str, int]:
@@ -415,16 +412,13 @@ class RolloutExecutor:
             return
         self._launch()
 
-    def _is_stale_locked(self, g: Group) -> bool:
-        return self._bound.is_stale(g.start_version, self._version)
-
     def _resolve_locked(self, g: Group) -> None:
         """Count a finished group's episodes and queue it for the trainer, or drop it."""
         del self._active[g.serial]
         members = g.members()
         failed = [t for t in members if not t.ok]
         reason = ""
-        if g.stale or self._is_stale_locked(g):
+        if g.stale or self._bound.is_stale(g.start_version, self._version):
             reason = "stale"
         elif failed and self.cfg.failure_policy == "drop":
             reason = "failed"
@@ -447,7 +441,7 @@ class RolloutExecutor:
     def _drop_stale_ready_locked(self) -> int:
         """Drop the ready groups that became stale: the oldest ones, as the heap is by start version."""
         dropped = 0
-        while self._ready and self._is_stale_locked(self._ready[0][2]):
+        while self._ready and self._bound.is_stale(self._ready[0][0], self._version):
             self._ledger.unaccept(heapq.heappop(self._ready)[2].members(), "stale")
             self._delivered_groups -= 1
             dropped += 1
