@@ -405,7 +405,7 @@ class RolloutExecutor:
                 self._gen_tokens += traj.num_generated
                 g.tasks.discard(task)
                 g.trajectories[k] = traj
-                if g.complete:
+                if None not in g.trajectories:  # the group's last episode
                     self._resolve_locked(g)
         except Exception as exc:  # e.g. a user group filter raising
             self._fail(exc)

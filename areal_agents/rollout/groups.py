@@ -142,10 +142,6 @@ class Group:
     def __post_init__(self) -> None:
         self.trajectories = [None] * self.size
 
-    @property
-    def complete(self) -> bool:
-        return None not in self.trajectories
-
     def members(self) -> list[Trajectory]:
         return [t for t in self.trajectories if t is not None]
 
