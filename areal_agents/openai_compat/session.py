@@ -154,12 +154,7 @@ class ChatSession:
             except ValueError:
                 return ""
 
-        try:
-            key = json.dumps([tools, name], sort_keys=True)
-        except (TypeError, ValueError):  # tools the cache cannot key: render each time
-            text = render()
-        else:
-            text = memo(tokenizer_cache(self.tokenizer), ("forced_call", key), render)
+        text = memo(tokenizer_cache(self.tokenizer), ("forced_call", json.dumps([tools, name], sort_keys=True)), render)
         if "<tool_call>" not in text or _PROBE not in text:
             raise APIError("tool_choice: this model's chat template has no <tool_call> format to force a call with",
                            param="tool_choice")
