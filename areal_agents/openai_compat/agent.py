@@ -70,13 +70,6 @@ class OpenAIAgent(Agent):
         self.turn_discount = check_turn_discount(turn_discount)
         self.sampling = dict(sampling or {})
 
-    @classmethod
-    def build(cls, obj: Any, kwargs: dict[str, Any], *, turn_discount: float = 1.0,
-              sampling: dict[str, Any] | None = None) -> OpenAIAgent:
-        """Wrap a registered OpenAI-style agent (a class is instantiated with ``kwargs``)."""
-        fn: Any = obj(**kwargs) if inspect.isclass(obj) else obj
-        return cls(fn, turn_discount=turn_discount, sampling=sampling)
-
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
         try:
             await env.areset(seed=seed, options=row)

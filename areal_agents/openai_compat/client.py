@@ -87,8 +87,7 @@ class _Completions:
 
     async def create(self, **kwargs: Any) -> Any:
         """``chat.completions.create`` with the official client's keyword arguments."""
-        body = kwargs if kwargs.keys().isdisjoint(_DROP) and all(map(_given, kwargs.values())) else \
-            {k: v for k, v in kwargs.items() if k not in _DROP and _given(v)}
+        body = {k: v for k, v in kwargs.items() if k not in _DROP and _given(v)}
         extra = kwargs.get("extra_body")
         if isinstance(extra, dict):
             body.update(extra)

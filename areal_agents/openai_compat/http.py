@@ -30,8 +30,8 @@ MODEL_NAME = "policy"
 """The model id ``/v1/models`` lists (any ``model`` string is accepted)."""
 
 Fallback = Callable[[web.Request], ChatSession]
-_SESSIONS = web.AppKey("openai_sessions", dict)
-_FALLBACK = web.AppKey("openai_fallback", object)
+_SESSIONS: web.AppKey[dict[str, ChatSession]] = web.AppKey("openai_sessions")
+_FALLBACK: web.AppKey[Fallback] = web.AppKey("openai_fallback")
 
 
 def _error(err: APIError) -> web.Response:
@@ -39,7 +39,7 @@ def _error(err: APIError) -> web.Response:
 
 
 def _session(request: web.Request) -> ChatSession:
-    sessions: dict[str, ChatSession] = request.app[_SESSIONS]
+    sessions = request.app[_SESSIONS]
     key = request.match_info.get("key")
     auth = request.headers.get("Authorization", "")
     if key is None and auth.startswith("Bearer "):
@@ -47,9 +47,8 @@ def _session(request: web.Request) -> ChatSession:
     if key is not None and key in sessions:
         return sessions[key]
     fallback = request.app.get(_FALLBACK)
-    if callable(fallback) and request.match_info.get("key") is None:
-        session: ChatSession = fallback(request)
-        return session
+    if fallback is not None and request.match_info.get("key") is None:
+        return fallback(request)
     raise APIError("unknown episode key (in the path or as the API key)", status=401, code="invalid_api_key")
 
 

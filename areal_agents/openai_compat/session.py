@@ -46,9 +46,7 @@ class CallRecord:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
-    api_finish_reason: str = "stop"
     request_id: str = ""
-    choice: int = 0
 
 
 class _ChainLLM(LLM):
@@ -156,12 +154,7 @@ class ChatSession:
             except ValueError:
                 return ""
 
-        try:
-            key = json.dumps([tools, name], sort_keys=True)
-        except (TypeError, ValueError):  # tools the cache cannot key: render each time
-            text = render()
-        else:
-            text = memo(tokenizer_cache(self.tokenizer), ("forced_call", key), render)
+        text = memo(tokenizer_cache(self.tokenizer), ("forced_call", json.dumps([tools, name], sort_keys=True)), render)
         if "<tool_call>" not in text or _PROBE not in text:
             raise APIError("tool_choice: this model's chat template has no <tool_call> format to force a call with",
                            param="tool_choice")
@@ -210,7 +203,7 @@ class ChatSession:
             self.records.append(CallRecord(
                 index=len(self.records), prompt_ids=fork.input_ids[:start], completion_ids=list(gen.output_ids),
                 logprobs=list(gen.logprobs), versions=list(gen.versions), finish_reason=gen.finish_reason,
-                api_finish_reason=finish, request_id=request_id, choice=i))
+                request_id=request_id))
             if self.remember:
                 reply = {"role": "assistant", "content": content or "", "tool_calls": calls}
                 self._tips.append(_Tip(fork, [*req.messages, reply], req.tools))

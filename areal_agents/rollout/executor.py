@@ -82,10 +82,8 @@ class RolloutExecutor:
         on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
         bounded_staleness: bool = True,
         max_failed_streak: int = 32,
-        name: str = "rollout",
     ) -> None:
         self.cfg = cfg  # validated by RolloutConfig itself
-        self.name = name
         self._bound = StalenessBound(cfg.max_head_offpolicyness, cfg.batch_size * cfg.group_size,
                                      cfg.max_concurrent_rollouts, bounded_staleness)
         self._episode_fn = episode_fn
@@ -121,7 +119,7 @@ class RolloutExecutor:
                 raise RuntimeError(f"rollout executor cannot start: it is {self._state}")
             self._state = "running"
             self._rate_mark = (time.monotonic(), self._finished, self._gen_tokens)
-            self._thread = LoopThread(f"{self.name}-loop")
+            self._thread = LoopThread("rollout-loop")
         self._thread.start()
         self._kick()
         return self
@@ -175,16 +173,12 @@ class RolloutExecutor:
         with self._cond:
             self._version = int(version)
             self._drop_stale_ready_locked()
-            stale = [g for g in self._active.values() if not g.stale and self._is_stale_locked(g)]
+            stale = [g for g in self._active.values() if not g.stale and self._bound.is_stale(g.start_version, self._version)]
             for g in stale:
                 g.stale = True
         if stale and self._thread is not None and self._state == "running":
             self._thread.call_soon(self._cancel_groups, stale)
         self._kick()
-
-    def get_version(self) -> int:
-        with self._cond:
-            return self._version
 
     def pause(self) -> None:
         """Stop launching episodes (in-flight ones continue); returns once no new one can start."""
@@ -196,10 +190,6 @@ class RolloutExecutor:
         with self._cond:
             self._paused = False
         self._kick()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
     @property
     def running(self) -> bool:
@@ -262,11 +252,7 @@ class RolloutExecutor:
     def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
         """One training batch: ``batch_size`` groups of ``group_size`` episodes; updates :meth:`stats`."""
         groups = self.wait(self.cfg.batch_size, timeout)
-        self._record_batch(groups)
-        return groups
-
-    def _record_batch(self, groups: list[list[Trajectory]]) -> None:
-        metrics = batch_metrics([t for g in groups for t in g], self.get_version())
+        metrics = batch_metrics([t for g in groups for t in g], self._version)
         sized = [g for g in groups if len(g) > 1]  # groups of one: is there any spread in the batch?
         metrics["rollout/signal_groups"] = (sum(map(nonzero_std, sized)) / len(sized) if sized
                                             else float(metrics["rollout/reward_std"] > 0))
@@ -278,6 +264,7 @@ class RolloutExecutor:
             metrics["perf/episodes_per_s"] = (self._finished - f0) / dt
             metrics["perf/gen_tokens_per_s"] = (self._gen_tokens - g0) / dt
             self._last_batch = metrics
+        return groups
 
     # ------------------------------------------------------------------ metrics and state
     def counts(self) -> dict[str, int]:
@@ -354,7 +341,7 @@ class RolloutExecutor:
             serial, self._serial = self._serial, self._serial + 1
         seed = (self._seed * 1_000_003 + serial * self._G) % (2**31 - self._G)
         self._ledger.submitted += self._G
-        return Group(serial=serial, group_id=f"{self.name}-{serial}", row=row, size=self._G, seed=seed, key=key)
+        return Group(serial=serial, group_id=f"rollout-{serial}", row=row, size=self._G, seed=seed, key=key)
 
     def _kick(self) -> None:
         """Ask the loop thread to launch what capacity allows (from any thread)."""
@@ -418,15 +405,12 @@ class RolloutExecutor:
                 self._gen_tokens += traj.num_generated
                 g.tasks.discard(task)
                 g.trajectories[k] = traj
-                if g.complete:
+                if None not in g.trajectories:  # the group's last episode
                     self._resolve_locked(g)
         except Exception as exc:  # e.g. a user group filter raising
             self._fail(exc)
             return
         self._launch()
-
-    def _is_stale_locked(self, g: Group) -> bool:
-        return self._bound.is_stale(g.start_version, self._version)
 
     def _resolve_locked(self, g: Group) -> None:
         """Count a finished group's episodes and queue it for the trainer, or drop it."""
@@ -434,7 +418,7 @@ class RolloutExecutor:
         members = g.members()
         failed = [t for t in members if not t.ok]
         reason = ""
-        if g.stale or self._is_stale_locked(g):
+        if g.stale or self._bound.is_stale(g.start_version, self._version):
             reason = "stale"
         elif failed and self.cfg.failure_policy == "drop":
             reason = "failed"
@@ -457,7 +441,7 @@ class RolloutExecutor:
     def _drop_stale_ready_locked(self) -> int:
         """Drop the ready groups that became stale: the oldest ones, as the heap is by start version."""
         dropped = 0
-        while self._ready and self._is_stale_locked(self._ready[0][2]):
+        while self._ready and self._bound.is_stale(self._ready[0][0], self._version):
             self._ledger.unaccept(heapq.heappop(self._ready)[2].members(), "stale")
             self._delivered_groups -= 1
             dropped += 1

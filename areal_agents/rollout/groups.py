@@ -5,16 +5,16 @@ Nothing here touches the event loop or threads.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from statistics import fmean, pstdev
 from typing import Any
 
 from areal_agents.types import Trajectory
 
-__all__ = ["GROUP_FILTERS", "Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "mean_std", "nonzero_std"]
+__all__ = ["GROUP_FILTERS", "Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "nonzero_std"]
 
 GroupFilter = Callable[[list[Trajectory]], bool]
 """``keep(group) -> bool``: False drops the whole group (counted as ``filter``)."""
@@ -82,9 +82,7 @@ class RowFeeder:
         return random.Random(f"{self.seed}/{key[0]}/{key[1]}").random() < self.skip
 
     def next(self) -> tuple[tuple[int, int], dict[str, Any]]:
-        """``((epoch, index), row)`` of the next row not passed over; advances the position."""
-        if not self.rows:
-            raise IndexError("no rows to feed")
+        """``((epoch, index), row)`` of the next row not passed over; advances the position (rows: not empty)."""
         for left in range(len(self.rows), 0, -1):  # after an epoch's worth of skips, the next row regardless
             key = (self.epoch, self.index)
             self.index += 1
@@ -142,20 +140,8 @@ class Group:
     def __post_init__(self) -> None:
         self.trajectories = [None] * self.size
 
-    @property
-    def complete(self) -> bool:
-        return None not in self.trajectories
-
     def members(self) -> list[Trajectory]:
         return [t for t in self.trajectories if t is not None]
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Population mean and standard deviation (0, 0 for an empty list)."""
-    if not values:
-        return 0.0, 0.0
-    mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 class Ledger:
@@ -213,15 +199,15 @@ class Ledger:
 
 
 def batch_metrics(trajectories: list[Trajectory], version: int) -> dict[str, float]:
-    """Reward, length and staleness metrics of one batch taken at weight ``version``."""
-    reward_mean, reward_std = mean_std([t.reward for t in trajectories])
+    """Reward, length and staleness metrics of one (non-empty) batch taken at weight ``version``."""
+    rewards = [t.reward for t in trajectories]
     staleness = [float(version - t.start_version) for t in trajectories]
     return {
-        "rollout/reward": reward_mean,
-        "rollout/reward_std": reward_std,
-        "rollout/episode_len": mean_std([float(t.num_tokens) for t in trajectories])[0],
-        "rollout/turns": mean_std([float(t.num_turns) for t in trajectories])[0],
-        "rollout/tokens": mean_std([float(t.num_generated) for t in trajectories])[0],
-        "staleness/mean": mean_std(staleness)[0],
-        "staleness/max": max(staleness, default=0.0),
+        "rollout/reward": fmean(rewards),
+        "rollout/reward_std": pstdev(rewards),
+        "rollout/episode_len": fmean(t.num_tokens for t in trajectories),
+        "rollout/turns": fmean(t.num_turns for t in trajectories),
+        "rollout/tokens": fmean(t.num_generated for t in trajectories),
+        "staleness/mean": fmean(staleness),
+        "staleness/max": max(staleness),
     }

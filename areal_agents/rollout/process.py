@@ -118,7 +118,7 @@ def _register(blob: bytes) -> None:
 
 def _child(fd: int) -> None:
     """The child's entry point (``python -c``): takes the parent's ``sys.path``, builds the executor,
-    then answers calls until ``shutdown`` or the parent is gone."""
+    then answers calls (``shutdown`` among them) until the parent closes the socket or is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
@@ -139,10 +139,6 @@ def _child(fd: int) -> None:
         conn.send((0, True, None))
         while True:
             seq, name, call_args = conn.recv()
-            if name == "shutdown":
-                executor.shutdown(*call_args)
-                conn.send((seq, True, None))
-                return
             try:
                 attr = getattr(executor, name)
                 result = attr(*call_args) if callable(attr) else attr
