@@ -68,7 +68,6 @@ class Engine:
         *,
         max_batch_size: int = 64,
         weight_version: str = "0",
-        seed: int = 0,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -80,7 +79,7 @@ class Engine:
         eos_list = eos if isinstance(eos, list) else [eos]
         self.eos_ids = frozenset(int(e) for e in [*eos_list, tokenizer.eos_token_id] if e is not None)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(0)
         self._cond = threading.Condition()
         self._waiting: deque[GenRequest] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()

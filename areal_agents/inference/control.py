@@ -25,7 +25,6 @@ __all__ = [
     "ControlError",
     "ServerUnreachable",
     "continue_generation",
-    "flush_cache",
     "init_weights_update_group",
     "load_lora_adapter",
     "model_info",
@@ -146,12 +145,6 @@ def pause_generation(addrs: Addrs, mode: str = "abort", timeout: float = 60.0) -
 def continue_generation(addrs: Addrs, timeout: float = 60.0) -> None:
     """Resume every paused server."""
     _post_all(addrs, "/continue_generation", {}, timeout)
-
-
-def flush_cache(addrs: Addrs, timeout: float = 60.0) -> None:
-    """Drop every server's prefix cache."""
-    for url in _urls(addrs):
-        _request("POST", url + "/flush_cache", timeout)
 
 
 def _get_object(addr: str, path: str, timeout: float) -> dict[str, Any]:
