@@ -24,7 +24,7 @@ from aiohttp import web
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
-from areal_agents.inference.protocol import BadRequest, parse_generate, require, response_body
+from areal_agents.inference.protocol import BadRequest, _flag, parse_generate, require, response_body
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -93,8 +93,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     specs, as_list = parse_generate(body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len)
     if not engine.paused:  # while paused (a sync swapping the adapter) requests wait; admission checks again
         _lora_routes.require_loaded(engine, specs)
-    stream = False if body.get("stream") is None else body["stream"]
-    require(isinstance(stream, bool), "'stream' must be true or false")
+    stream = _flag(body.get("stream"), False, "'stream'")
     require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
     loop = asyncio.get_running_loop()
     start = time.monotonic()
@@ -389,15 +388,14 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
     return app
 
 
-async def serve(app: web.Application, host: str, port: int, announce: bool = True) -> None:
+async def serve(app: web.Application, host: str, port: int) -> None:
     """Serve ``app`` until SIGINT/SIGTERM; prints ``serving on http://HOST:PORT``."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
-    if announce:
-        print(f"serving on http://{host}:{bound}", flush=True)
+    print(f"serving on http://{host}:{bound}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
