@@ -226,9 +226,7 @@ class Engine:
                 self._commands.clear()
 
     def _admit(self) -> None:
-        free = self.max_batch_size - len(self.rows)
-        if free <= 0:
-            return
+        free = self.max_batch_size - len(self.rows)  # none: the group below is empty
         with self._cond:
             group = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
         for req in [r for r in group if r.lora is not None and r.lora not in self.lora.adapters]:
