@@ -152,10 +152,9 @@ class Engine:
 
     def swap_weights(self, state: dict[str, torch.Tensor], version: str, abort_all: bool) -> int:
         """Copy ``state`` into the model; running requests are aborted or recomputed."""
-        with torch.no_grad():
-            params = self.model.state_dict()
-            for name, tensor in state.items():
-                params[name].copy_(tensor)
+        params = self.model.state_dict()  # detached: no autograd in the copy (and it runs in the decode loop's inference mode)
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
         self.weight_version = version
         if abort_all:
             return self.abort_where(lambda r: True, "aborted by a weight update")

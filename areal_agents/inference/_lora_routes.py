@@ -26,8 +26,8 @@ __all__ = ["adapter_swap", "add_routes", "broadcast_target", "details", "require
 
 def details(engine: Any) -> dict[str, dict[str, Any]]:
     """Loaded adapters with where they came from and their size (``/server_info``)."""
-    return {name: {"path": a.path, "bytes": a.num_bytes, "modules": len(a.weights)}
-            for name, a in engine.lora.adapters.items()}
+    return {name: {"path": a.path, "bytes": sum(t.numel() * t.element_size() for ab in a.weights.values() for t in ab),
+                   "modules": len(a.weights)} for name, a in engine.lora.adapters.items()}
 
 
 def require_loaded(engine: Any, specs: Sequence[Any]) -> None:
