@@ -68,7 +68,6 @@ class Engine:
         *,
         max_batch_size: int = 64,
         weight_version: str = "0",
-        seed: int = 0,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -80,7 +79,7 @@ class Engine:
         eos_list = eos if isinstance(eos, list) else [eos]
         self.eos_ids = frozenset(int(e) for e in [*eos_list, tokenizer.eos_token_id] if e is not None)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(0)
         self._cond = threading.Condition()
         self._waiting: deque[GenRequest] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
@@ -153,10 +152,9 @@ class Engine:
 
     def swap_weights(self, state: dict[str, torch.Tensor], version: str, abort_all: bool) -> int:
         """Copy ``state`` into the model; running requests are aborted or recomputed."""
-        with torch.no_grad():
-            params = self.model.state_dict()
-            for name, tensor in state.items():
-                params[name].copy_(tensor)
+        params = self.model.state_dict()  # detached: no autograd in the copy (and it runs in the decode loop's inference mode)
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
         self.weight_version = version
         if abort_all:
             return self.abort_where(lambda r: True, "aborted by a weight update")
@@ -227,9 +225,7 @@ class Engine:
                 self._commands.clear()
 
     def _admit(self) -> None:
-        free = self.max_batch_size - len(self.rows)
-        if free <= 0:
-            return
+        free = self.max_batch_size - len(self.rows)  # none: the group below is empty
         with self._cond:
             group = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
         for req in [r for r in group if r.lora is not None and r.lora not in self.lora.adapters]:

@@ -38,19 +38,14 @@ class _GrowingLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         n = key_states.shape[-2]
         if self.length + n > self.kbuf.shape[2]:
-            cap = max(2 * self.kbuf.shape[2], self.length + n + _HEADROOM)
-            self.kbuf = _resize(self.kbuf, cap, self.length)
-            self.vbuf = _resize(self.vbuf, cap, self.length)
+            pad = (0, 0, 0, max(2 * self.kbuf.shape[2], self.length + n + _HEADROOM) - self.length)  # zeroed columns
+            self.kbuf = torch.nn.functional.pad(self.kbuf[:, :, : self.length], pad)
+            self.vbuf = torch.nn.functional.pad(self.vbuf[:, :, : self.length], pad)
         self.kbuf[: self.batch, :, self.length : self.length + n] = key_states
         self.vbuf[: self.batch, :, self.length : self.length + n] = value_states
         self.length += n
         self._views()
         return self.keys, self.values
-
-
-def _resize(buf: torch.Tensor, cap: int, length: int) -> torch.Tensor:
-    """The first ``length`` columns of ``buf`` ``[B, H, T, D]`` in a zeroed buffer of ``cap`` columns."""
-    return torch.nn.functional.pad(buf[:, :, :length], (0, 0, 0, cap - length))
 
 
 class BatchKV:

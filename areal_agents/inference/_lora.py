@@ -35,10 +35,6 @@ class LoraAdapter:
     scale: float
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.weights.values())
-
 
 def _scale(config: Mapping[str, Any], where: str) -> float:
     r, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))

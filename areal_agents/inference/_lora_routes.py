@@ -21,25 +21,13 @@ from aiohttp import web
 
 from areal_agents.inference.protocol import BadRequest, require
 
-__all__ = ["adapter_swap", "add_routes", "broadcast_target", "details", "loaded", "read_adapter",
-           "require_loaded"]
-
-
-def read_adapter(name: str, path: str, model: Any) -> Any:
-    from areal_agents.inference._lora import read_adapter as read
-
-    return read(name, path, model)
-
-
-def loaded(engine: Any) -> dict[str, str]:
-    """Loaded adapters: name → where they came from."""
-    return {name: a.path for name, a in engine.lora.adapters.items()}
+__all__ = ["adapter_swap", "add_routes", "broadcast_target", "details", "require_loaded"]
 
 
 def details(engine: Any) -> dict[str, dict[str, Any]]:
     """Loaded adapters with where they came from and their size (``/server_info``)."""
-    return {name: {"path": a.path, "bytes": a.num_bytes, "modules": len(a.weights)}
-            for name, a in engine.lora.adapters.items()}
+    return {name: {"path": a.path, "bytes": sum(t.numel() * t.element_size() for ab in a.weights.values() for t in ab),
+                   "modules": len(a.weights)} for name, a in engine.lora.adapters.items()}
 
 
 def require_loaded(engine: Any, specs: Sequence[Any]) -> None:
@@ -56,7 +44,8 @@ def _name(body: dict[str, Any]) -> str:
 
 
 def _reply(engine: Any, error: str | None = None) -> web.Response:
-    return web.json_response({"success": error is None, "error_message": error, "loaded_adapters": loaded(engine)},
+    loaded = {name: a.path for name, a in engine.lora.adapters.items()}  # name -> where it came from
+    return web.json_response({"success": error is None, "error_message": error, "loaded_adapters": loaded},
                              status=200 if error is None else 400)
 
 
@@ -98,6 +87,8 @@ def add_routes(app: web.Application, engine_key: Any, call: Callable[..., Any], 
     reads a request's JSON object."""
 
     async def load(request: web.Request) -> web.Response:
+        from areal_agents.inference._lora import read_adapter
+
         engine = request.app[engine_key]
         body = await _json(request)
         name, path = _name(body), body.get("lora_path")

@@ -55,18 +55,13 @@ def normalize_address(addr: str) -> str:
 
 
 @dataclass(eq=False)
-class _Post:
-    members: list[_Waiting]
-    task: asyncio.Future[None]
-
-
-@dataclass(eq=False)
 class _Waiting:
-    """One request in a batch: its payload, the future of its reply, the POST that carries it."""
+    """One request in a batch: its payload, the future of its reply, the POST that carries it and its members."""
 
     payload: dict[str, Any]
     reply: asyncio.Future[Any]
-    post: _Post | None = None
+    post: asyncio.Future[None] | None = None
+    members: list[_Waiting] | None = None
     cancelled: bool = False
 
 
@@ -214,8 +209,8 @@ class InferenceClient:
             return await waiting.reply
         except asyncio.CancelledError:
             waiting.cancelled = True  # its batch goes on for the others; a batch nobody waits for is cancelled
-            if waiting.post is not None and all(w.cancelled for w in waiting.post.members):
-                waiting.post.task.cancel()
+            if waiting.post is not None and all(w.cancelled for w in waiting.members or ()):
+                waiting.post.cancel()
             raise
 
     def _flush(self, key: tuple[asyncio.AbstractEventLoop, int], batch: list[_Waiting]) -> None:
@@ -223,9 +218,9 @@ class InferenceClient:
             del self._pending[key]
         members = [w for w in batch if not w.cancelled and w.post is None]
         if members:
-            post = _Post(members, asyncio.ensure_future(self._send_batch(key[1], members)))
+            post = asyncio.ensure_future(self._send_batch(key[1], members))
             for w in members:
-                w.post = post
+                w.post, w.members = post, members
 
     async def _send_batch(self, idx: int, members: list[_Waiting]) -> None:
         try:

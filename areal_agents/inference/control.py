@@ -2,7 +2,7 @@
 
 Every function takes one address or a list (``host:port`` or a URL) and acts on all of
 them; failures raise :class:`ControlError` naming the server and its answer. The
-JSON bodies come from :mod:`areal_agents.inference.protocol`.
+weight-update bodies come from :mod:`areal_agents.inference.protocol`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,12 @@ from typing import Any
 import httpx
 
 from areal_agents.inference.client import normalize_address
-from areal_agents.inference.protocol import (
-    load_lora_adapter_payload,
-    update_weight_version_payload,
-    update_weights_from_disk_payload,
-)
+from areal_agents.inference.protocol import update_weights_from_disk_payload
 
 __all__ = [
     "ControlError",
     "ServerUnreachable",
     "continue_generation",
-    "flush_cache",
     "init_weights_update_group",
     "load_lora_adapter",
     "model_info",
@@ -132,8 +127,8 @@ def load_lora_adapter(addrs: Addrs, name: str, path: str, version: int | str, ti
             raise
         except ControlError:  # not loaded yet (the first sync): the load below reports real problems
             pass
-        _post_all(url, "/load_lora_adapter", load_lora_adapter_payload(name, path), timeout)
-        _post_all(url, "/update_weight_version", update_weight_version_payload(version), timeout)
+        _post_all(url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout)
+        _post_all(url, "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}, timeout)
 
 
 def pause_generation(addrs: Addrs, mode: str = "abort", timeout: float = 60.0) -> None:
@@ -146,12 +141,6 @@ def pause_generation(addrs: Addrs, mode: str = "abort", timeout: float = 60.0) -
 def continue_generation(addrs: Addrs, timeout: float = 60.0) -> None:
     """Resume every paused server."""
     _post_all(addrs, "/continue_generation", {}, timeout)
-
-
-def flush_cache(addrs: Addrs, timeout: float = 60.0) -> None:
-    """Drop every server's prefix cache."""
-    for url in _urls(addrs):
-        _request("POST", url + "/flush_cache", timeout)
 
 
 def _get_object(addr: str, path: str, timeout: float) -> dict[str, Any]:

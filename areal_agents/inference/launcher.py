@@ -111,7 +111,7 @@ def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0
 
 
 @dataclass(eq=False)
-class ServerHandle(contextlib.AbstractContextManager["ServerHandle"]):
+class ServerHandle:
     """One server subprocess; ``address`` is ``host:port``."""
 
     address: str
@@ -151,9 +151,6 @@ class ServerHandle(contextlib.AbstractContextManager["ServerHandle"]):
             except (ProcessLookupError, PermissionError):
                 pass
             break
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class ServerGroup(list[ServerHandle], contextlib.AbstractContextManager["ServerGroup"]):

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "init_weights_update_group_payload",
-           "load_lora_adapter_payload", "parse_generate", "parse_generate_reply", "require", "response_body",
-           "update_weight_version_payload", "update_weights_from_disk_payload",
+__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "init_weights_update_group_payload", "parse_generate",
+           "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
 
 # Every field of SGLang's ``GenerateReqInput`` (0.5.x) is accepted. Those this server implements:
@@ -214,9 +213,8 @@ def _lora_paths(value: Any, n: int) -> list[str | None]:
     return names * n if len(names) == 1 else names
 
 
-def parse_generate(body: Any, tokenizer: Any, vocab: int, context_len: int) -> tuple[list[GenerateSpec], bool]:
-    """Check a ``/generate`` body; return (specs, reply_is_list)."""
-    require(isinstance(body, dict), "the request body must be a JSON object")
+def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int, context_len: int) -> tuple[list[GenerateSpec], bool]:
+    """Check a ``/generate`` body (a JSON object); return (specs, reply_is_list)."""
     unknown = sorted(set(body) - _TOP_ALL)
     require(not unknown, f"unknown fields: {', '.join(unknown)}")
     for key, neutral in _NEUTRAL_TOP.items():
@@ -356,16 +354,6 @@ def update_weights_from_disk_payload(
     if version is not None:
         body["weight_version"] = str(version)
     return body
-
-
-def load_lora_adapter_payload(name: str, path: str) -> dict[str, Any]:
-    """Body of ``POST /load_lora_adapter`` (an adapter dir loaded as ``name``; ``/unload_lora_adapter`` takes ``lora_name``)."""
-    return {"lora_name": name, "lora_path": str(path)}
-
-
-def update_weight_version_payload(version: int | str, abort_all_requests: bool = False) -> dict[str, Any]:
-    """Body of ``POST /update_weight_version``: later tokens carry ``version`` (weights unchanged)."""
-    return {"new_version": str(version), "abort_all_requests": abort_all_requests}
 
 
 def init_weights_update_group_payload(

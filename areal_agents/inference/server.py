@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import functools
 import json
 import signal
 import sys
@@ -25,7 +24,7 @@ from aiohttp import web
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
-from areal_agents.inference.protocol import BadRequest, parse_generate, require, response_body
+from areal_agents.inference.protocol import BadRequest, _flag, parse_generate, require, response_body
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -94,8 +93,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     specs, as_list = parse_generate(body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len)
     if not engine.paused:  # while paused (a sync swapping the adapter) requests wait; admission checks again
         _lora_routes.require_loaded(engine, specs)
-    stream = False if body.get("stream") is None else body["stream"]
-    require(isinstance(stream, bool), "'stream' must be true or false")
+    stream = _flag(body.get("stream"), False, "'stream'")
     require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
     loop = asyncio.get_running_loop()
     start = time.monotonic()
@@ -112,7 +110,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
             logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, lora=spec.lora_path,
             seed=spec.sampling_seed,
-            done=functools.partial(_resolve_from_thread, loop, fut),
+            done=_resolve_from_thread(fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )
         reqs.append(req)
@@ -174,8 +172,9 @@ async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future
     return resp
 
 
-def _resolve_from_thread(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], req: Any) -> None:
-    loop.call_soon_threadsafe(_resolve, fut, req)
+def _resolve_from_thread(fut: asyncio.Future[Any]) -> Any:
+    """A ``done`` callback, for the decode thread, that resolves ``fut`` with its request."""
+    return lambda req: fut.get_loop().call_soon_threadsafe(_resolve, fut, req)
 
 
 def _resolve(fut: asyncio.Future[Any], req: Any) -> None:
@@ -308,10 +307,9 @@ async def _health_generate(request: web.Request) -> web.Response:
         return web.Response(status=503)
     if engine.paused:
         return web.Response(status=200)
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
+    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     req = GenRequest(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0,
-                     done=functools.partial(_resolve_from_thread, loop, fut))
+                     done=_resolve_from_thread(fut))
     engine.submit(req)
     try:
         await asyncio.wait_for(fut, timeout=20)
@@ -390,15 +388,14 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
     return app
 
 
-async def serve(app: web.Application, host: str, port: int, announce: bool = True) -> None:
+async def serve(app: web.Application, host: str, port: int) -> None:
     """Serve ``app`` until SIGINT/SIGTERM; prints ``serving on http://HOST:PORT``."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
-    if announce:
-        print(f"serving on http://{host}:{bound}", flush=True)
+    print(f"serving on http://{host}:{bound}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -412,6 +409,7 @@ async def serve(app: web.Application, host: str, port: int, announce: bool = Tru
 def cli_serve(args: argparse.Namespace) -> int:
     """Load ``args.model`` and serve it with the flags of :func:`~areal_agents.inference.launcher.add_serve_args`."""
     from areal_agents.inference._engine import Engine
+    from areal_agents.inference._lora import read_adapter
 
     path = str(args.model)
     if not (Path(path) / "config.json").is_file():
@@ -425,7 +423,7 @@ def cli_serve(args: argparse.Namespace) -> int:
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
     for name, adapter_dir in dict(getattr(args, "lora_paths", None) or ()).items():  # the last NAME=DIR wins
         try:
-            engine.load_lora(_lora_routes.read_adapter(name, adapter_dir, model))
+            engine.load_lora(read_adapter(name, adapter_dir, model))
         except (ValueError, OSError) as exc:
             print(f"error: --lora-paths {name}={adapter_dir}: {exc}", file=sys.stderr)
             return 2
