@@ -41,7 +41,6 @@ __all__ = [
     "SGLANG_MIN_VERSION",
     "SamplingConfig",
     "TrainerConfig",
-    "check_fields",
     "check_sglang_version",
     "ge",
     "gt",
@@ -101,7 +100,7 @@ def one_of(*choices: str) -> Rule:
 
 def f(default: Any, help: str, rule: Rule | None = None) -> Any:  # noqa: A002 - "help" mirrors argparse
     """A dataclass field with a default (copied when mutable), a one-line help and its ``rule``,
-    which :func:`check_fields` enforces and the help states (``Must be ...``)."""
+    which :class:`Section` enforces and the help states (``Must be ...``)."""
     if rule is not None:
         help = f"{help} Must be {rule.text}{' when set' if default is None else ''}."  # noqa: A001
     metadata = {"help": help, "rule": rule}
@@ -110,29 +109,21 @@ def f(default: Any, help: str, rule: Rule | None = None) -> Any:  # noqa: A002 -
     return field(default=default, metadata=metadata)
 
 
-def check_fields(section: Any) -> None:
-    """Check every field of ``section`` against its rule; ``None`` (unset) and an unresolved
-    ``${...}`` interpolation (a section built directly in Python) pass."""
-    for fld in dataclasses.fields(section):
-        rule, value = fld.metadata.get("rule"), getattr(section, fld.name)
-        if rule is None or value is None or isinstance(value, str) and value.startswith("${"):
-            continue
-        when = " when set" if fld.default is None else ""
-        _check(rule.ok(value), fld.name, f"must be {rule.text}{when} (got {value!r})")
-
-
-def _check(ok: bool, key: str, rule: str) -> None:
-    if not ok:
-        raise ConfigError(key, rule)
-
-
 class Section:
-    """A config section: :func:`check_fields`, then the cross-field rules of :meth:`rules`."""
+    """A config section: every field against its rule, then the cross-field rules of :meth:`rules`."""
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        # None (unset) and an unresolved ``${...}`` interpolation (a section built directly in Python) pass
+        for fld in dataclasses.fields(self):  # type: ignore[arg-type]
+            rule, value = fld.metadata.get("rule"), getattr(self, fld.name)
+            if rule is None or value is None or isinstance(value, str) and value.startswith("${"):
+                continue
+            when = " when set" if fld.default is None else ""
+            if not rule.ok(value):
+                raise ConfigError(fld.name, f"must be {rule.text}{when} (got {value!r})")
         for ok, key, rule in self.rules():
-            _check(ok, key, rule)
+            if not ok:
+                raise ConfigError(key, rule)
 
     def rules(self) -> list[tuple[bool, str, str]]:
         """``(ok, key, rule)`` for each rule that involves more than one field."""
@@ -204,7 +195,8 @@ def check_sglang_version(key: str) -> None:
         found = version("sglang")
     except PackageNotFoundError:
         raise ConfigError(key, f"{needs}: pip install 'areal-agents[sglang]'") from None
-    _check(Version(found) >= Version(SGLANG_MIN_VERSION), key, f"{needs} for weight updates (found {found})")
+    if Version(found) < Version(SGLANG_MIN_VERSION):
+        raise ConfigError(key, f"{needs} for weight updates (found {found})")
 
 
 @dataclass
