@@ -139,17 +139,13 @@ def _serve(conn: Connection) -> None:
             return
 
 
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
-    die_with_parent(signal.SIGKILL)  # Linux only; a no-op elsewhere
-    if os.getppid() != parent:  # the parent ended before the signal was armed
-        os._exit(1)
-    watch_parent(parent, signal=signal.SIGKILL)
-
-
 def worker_entry(fd: str, parent: str, memory_bytes: str) -> None:
     """The worker's main: called by the bootstrap with the socket fd, the parent's pid and the cap."""
-    _die_with(int(parent))
+    # end this process when the parent ends: the kernel's parent-death signal, and a watcher thread
+    die_with_parent(signal.SIGKILL)  # Linux only; a no-op elsewhere
+    if os.getppid() != int(parent):  # the parent ended before the signal was armed
+        os._exit(1)
+    watch_parent(int(parent), signal=signal.SIGKILL)
     _limit_memory(int(memory_bytes))
     conn = Connection(int(fd))
     conn.send_bytes(_READY)  # start-up (an interpreter and imports) does not count against reward timeouts
