@@ -375,8 +375,7 @@ def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
         if dataclasses.is_dataclass(value):
             rows.extend(config_fields(type(value), f"{prefix}{fld.name}."))
         else:
-            type_name = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
-            rows.append((prefix + fld.name, str(type_name), value, fld.metadata.get("help", "")))
+            rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))  # config.py postpones annotations: a str
     return rows
 
 
