@@ -35,8 +35,7 @@ from areal_agents.config_loader import import_user_module
 from areal_agents.failures import function_location
 from areal_agents.lifeline import die_with_parent, watch_parent
 
-__all__ = ["BadValue", "Worker", "check_not_in_worker", "check_value", "describe_failure", "main_script_file",
-           "worker_entry"]
+__all__ = ["Worker", "check_not_in_worker", "main_script_file"]  # what rewards.py and the CLI use
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from areal_agents._reward_worker import worker_entry; worker_entry(*sys.argv[2:])")

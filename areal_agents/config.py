@@ -43,7 +43,6 @@ __all__ = [
     "ge",
     "gt",
     "one_of",
-    "shown_key",
     "within",
 ]
 
