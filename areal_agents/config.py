@@ -475,18 +475,15 @@ class ExperimentConfig(Section):
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
-        if self.experiment_name is None and dataclasses.is_dataclass(self.env):
+        if self.experiment_name is None:
             self.experiment_name = self.env.name  # runs of different envs never share a run dir
         super().__post_init__()
-        sections = dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent)
-        if sections and self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
+        if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
             self.algorithm.max_response_tokens = self.agent.max_tokens
 
     def rules(self) -> list[tuple[bool, str, str]]:
         rules = [(self.mode != "train" or self.train_data is not None, "train_data",
                   "mode=train needs train_data=<rollout JSONL>")]
-        if not all(map(dataclasses.is_dataclass, (self.actor, self.trainer, self.inference))):
-            return rules
         sync, backend, address = self.trainer.weight_sync, self.inference.backend, self.trainer.weight_sync_address
         loopback = ("127.0.0.1", "localhost", "::1", "[::1]")
         hosts = (a.rsplit(":", 1)[0].split("//")[-1] for a in self.inference.addresses)
