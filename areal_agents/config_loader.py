@@ -14,7 +14,6 @@ import importlib.util
 import os
 import re
 import sys
-import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,15 +37,13 @@ def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigE
     return ConfigError(key, msg)
 
 
-def _leaf_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, bool]:
-    """Every valid dotted key -> whether it is a free-form mapping (``kwargs``)."""
+def _leaf_keys() -> dict[str, bool]:
+    """Every valid dotted key (sections first) -> whether it is a free-form mapping (``kwargs``)."""
     keys: dict[str, bool] = {}
-    hints = typing.get_type_hints(cls)
-    for fld in dataclasses.fields(cls):
-        hint = hints[fld.name]
-        keys[prefix + fld.name] = typing.get_origin(hint) is dict
-        if dataclasses.is_dataclass(hint):
-            keys.update(_leaf_keys(hint, f"{prefix}{fld.name}."))  # type: ignore[arg-type]
+    for key, type_name, *_ in config_fields():
+        parts = key.split(".")
+        keys.update({".".join(parts[:i]): False for i in range(1, len(parts))})  # its sections
+        keys[key] = type_name.startswith("dict")
     return keys
 
 
