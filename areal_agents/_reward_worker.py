@@ -35,8 +35,7 @@ from areal_agents.config_loader import import_user_module
 from areal_agents.failures import function_location
 from areal_agents.lifeline import die_with_parent, watch_parent
 
-__all__ = ["BadValue", "Worker", "check_not_in_worker", "check_value", "describe_failure", "main_script_file",
-           "worker_entry"]
+__all__ = ["Worker", "check_not_in_worker", "main_script_file"]  # what rewards.py and the CLI use
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from areal_agents._reward_worker import worker_entry; worker_entry(*sys.argv[2:])")
@@ -139,17 +138,13 @@ def _serve(conn: Connection) -> None:
             return
 
 
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` ends: the kernel's parent-death signal, and a watcher thread."""
-    die_with_parent(signal.SIGKILL)  # Linux only; a no-op elsewhere
-    if os.getppid() != parent:  # the parent ended before the signal was armed
-        os._exit(1)
-    watch_parent(parent, signal=signal.SIGKILL)
-
-
 def worker_entry(fd: str, parent: str, memory_bytes: str) -> None:
     """The worker's main: called by the bootstrap with the socket fd, the parent's pid and the cap."""
-    _die_with(int(parent))
+    # end this process when the parent ends: the kernel's parent-death signal, and a watcher thread
+    die_with_parent(signal.SIGKILL)  # Linux only; a no-op elsewhere
+    if os.getppid() != int(parent):  # the parent ended before the signal was armed
+        os._exit(1)
+    watch_parent(int(parent), signal=signal.SIGKILL)
     _limit_memory(int(memory_bytes))
     conn = Connection(int(fd))
     conn.send_bytes(_READY)  # start-up (an interpreter and imports) does not count against reward timeouts

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_agents.types import is_turn_discount
-
 __all__ = [
     "ActorConfig",
     "AgentConfig",
@@ -41,12 +39,10 @@ __all__ = [
     "SGLANG_MIN_VERSION",
     "SamplingConfig",
     "TrainerConfig",
-    "check_fields",
     "check_sglang_version",
     "ge",
     "gt",
     "one_of",
-    "shown_key",
     "within",
 ]
 
@@ -101,7 +97,7 @@ def one_of(*choices: str) -> Rule:
 
 def f(default: Any, help: str, rule: Rule | None = None) -> Any:  # noqa: A002 - "help" mirrors argparse
     """A dataclass field with a default (copied when mutable), a one-line help and its ``rule``,
-    which :func:`check_fields` enforces and the help states (``Must be ...``)."""
+    which :class:`Section` enforces and the help states (``Must be ...``)."""
     if rule is not None:
         help = f"{help} Must be {rule.text}{' when set' if default is None else ''}."  # noqa: A001
     metadata = {"help": help, "rule": rule}
@@ -110,29 +106,21 @@ def f(default: Any, help: str, rule: Rule | None = None) -> Any:  # noqa: A002 -
     return field(default=default, metadata=metadata)
 
 
-def check_fields(section: Any) -> None:
-    """Check every field of ``section`` against its rule; ``None`` (unset) and an unresolved
-    ``${...}`` interpolation (a section built directly in Python) pass."""
-    for fld in dataclasses.fields(section):
-        rule, value = fld.metadata.get("rule"), getattr(section, fld.name)
-        if rule is None or value is None or isinstance(value, str) and value.startswith("${"):
-            continue
-        when = " when set" if fld.default is None else ""
-        _check(rule.ok(value), fld.name, f"must be {rule.text}{when} (got {value!r})")
-
-
-def _check(ok: bool, key: str, rule: str) -> None:
-    if not ok:
-        raise ConfigError(key, rule)
-
-
 class Section:
-    """A config section: :func:`check_fields`, then the cross-field rules of :meth:`rules`."""
+    """A config section: every field against its rule, then the cross-field rules of :meth:`rules`."""
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        # None (unset) and an unresolved ``${...}`` interpolation (a section built directly in Python) pass
+        for fld in dataclasses.fields(self):  # type: ignore[arg-type]
+            rule, value = fld.metadata.get("rule"), getattr(self, fld.name)
+            if rule is None or value is None or isinstance(value, str) and value.startswith("${"):
+                continue
+            when = " when set" if fld.default is None else ""
+            if not rule.ok(value):
+                raise ConfigError(fld.name, f"must be {rule.text}{when} (got {value!r})")
         for ok, key, rule in self.rules():
-            _check(ok, key, rule)
+            if not ok:
+                raise ConfigError(key, rule)
 
     def rules(self) -> list[tuple[bool, str, str]]:
         """``(ok, key, rule)`` for each rule that involves more than one field."""
@@ -145,7 +133,7 @@ class EnvConfig(Section):
 
     name: str = f("math", "Registered env name (see `areal-agents list envs`).")
     kwargs: dict[str, Any] = f({}, "Extra keyword arguments passed to the env constructor.")
-    turn_discount: float = f(1.0, "Per-turn reward discount gamma; return = sum gamma^k r_k.", Rule(is_turn_discount, "in (0, 1]"))
+    turn_discount: float = f(1.0, "Per-turn reward discount gamma; return = sum gamma^k r_k.", within("(0, 1]"))
 
 
 @dataclass
@@ -204,7 +192,8 @@ def check_sglang_version(key: str) -> None:
         found = version("sglang")
     except PackageNotFoundError:
         raise ConfigError(key, f"{needs}: pip install 'areal-agents[sglang]'") from None
-    _check(Version(found) >= Version(SGLANG_MIN_VERSION), key, f"{needs} for weight updates (found {found})")
+    if Version(found) < Version(SGLANG_MIN_VERSION):
+        raise ConfigError(key, f"{needs} for weight updates (found {found})")
 
 
 @dataclass
@@ -486,18 +475,15 @@ class ExperimentConfig(Section):
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
-        if self.experiment_name is None and dataclasses.is_dataclass(self.env):
+        if self.experiment_name is None:
             self.experiment_name = self.env.name  # runs of different envs never share a run dir
         super().__post_init__()
-        sections = dataclasses.is_dataclass(self.algorithm) and dataclasses.is_dataclass(self.agent)
-        if sections and self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
+        if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
             self.algorithm.max_response_tokens = self.agent.max_tokens
 
     def rules(self) -> list[tuple[bool, str, str]]:
         rules = [(self.mode != "train" or self.train_data is not None, "train_data",
                   "mode=train needs train_data=<rollout JSONL>")]
-        if not all(map(dataclasses.is_dataclass, (self.actor, self.trainer, self.inference))):
-            return rules
         sync, backend, address = self.trainer.weight_sync, self.inference.backend, self.trainer.weight_sync_address
         loopback = ("127.0.0.1", "localhost", "::1", "[::1]")
         hosts = (a.rsplit(":", 1)[0].split("//")[-1] for a in self.inference.addresses)

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import re
 import sys
-import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,15 +37,13 @@ def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigE
     return ConfigError(key, msg)
 
 
-def _leaf_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, bool]:
-    """Every valid dotted key -> whether it is a free-form mapping (``kwargs``)."""
+def _leaf_keys() -> dict[str, bool]:
+    """Every valid dotted key (sections first) -> whether it is a free-form mapping (``kwargs``)."""
     keys: dict[str, bool] = {}
-    hints = typing.get_type_hints(cls)
-    for fld in dataclasses.fields(cls):
-        hint = hints[fld.name]
-        keys[prefix + fld.name] = typing.get_origin(hint) is dict
-        if dataclasses.is_dataclass(hint):
-            keys.update(_leaf_keys(hint, f"{prefix}{fld.name}."))  # type: ignore[arg-type]
+    for key, type_name, *_ in config_fields():
+        parts = key.split(".")
+        keys.update({".".join(parts[:i]): False for i in range(1, len(parts))})  # its sections
+        keys[key] = type_name.startswith("dict")
     return keys
 
 
@@ -122,10 +119,10 @@ def _select(layer: DictConfig, key: str) -> Any:
         raise _omega_error(exc, key) from None
 
 
-def _last_given(layers: list[DictConfig], key: str) -> Any:
-    """``key`` as the last layer that sets it has it, or None."""
+def _last_given(layers: list[DictConfig], key: str, default: Any = None) -> Any:
+    """``key`` as the last layer that sets it has it, or ``default``."""
     given = [value for value in (_select(layer, key) for layer in layers) if value is not None]
-    return given[-1] if given else None
+    return given[-1] if given else default
 
 
 def _import_user_modules(layers: list[DictConfig]) -> None:
@@ -193,8 +190,7 @@ def _check_names(cfg: ExperimentConfig) -> None:
 
 def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     """The algorithm chosen in ``layers`` and its spec's defaults (``spec.defaults``)."""
-    given = _last_given(layers, "algorithm.name")
-    name = "grpo" if given is None else str(given)
+    name = str(_last_given(layers, "algorithm.name", "grpo"))
     try:
         spec = algorithms.get(name)
     except RegistryError as exc:  # unknown ("unknown algorithm 'x'; registered: ..."), or it cannot be loaded
@@ -202,19 +198,16 @@ def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     return name, dict(getattr(spec, "defaults", {}) or {})
 
 
-def _env_defaults(layers: list[DictConfig]) -> tuple[str, DictConfig | None]:
+def _env_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any] | None]:
     """The env chosen in ``layers`` and its class's ``default_config`` (keys it sets unless the
     YAML or an override does), or None; an unknown env is left to :func:`_check_names`."""
-    given = _last_given(layers, "env.name")
-    name = "math" if given is None else str(given)
+    name = str(_last_given(layers, "env.name", "math"))
     defaults = None
     with contextlib.suppress(RegistryError):  # unknown, or it cannot be loaded
         defaults = getattr(envs.get(name), "default_config", None)
-    if not defaults:
-        return name, None
-    if not isinstance(defaults, dict):
+    if defaults and not isinstance(defaults, dict):
         raise ConfigError("env.name", f"env {name!r}: default_config must be a dict of config keys")
-    return name, OmegaConf.create(defaults)
+    return name, defaults or None
 
 
 _ALLOCATION = re.compile(r"(sglang|embedded)\.d(\d+)(?:p(\d+))?(?:t(\d+))?\+d(\d+)(?:p(\d+))?(?:t(\d+))?")
@@ -266,15 +259,11 @@ def _holds_mapping(path: str | os.PathLike[str]) -> bool:
 def _layers(
     config_file: str | os.PathLike[str] | None,
     overrides: Sequence[str],
-    base: dict[str, Any] | None,
-    apply_algorithm_defaults: bool,
 ) -> list[tuple[str, DictConfig]]:
     """The layers merged over the schema, lowest first, each with the source it stands for:
-    algorithm spec defaults, the env's ``default_config``, ``allocation_mode``, ``base``, the YAML file,
+    algorithm spec defaults, the env's ``default_config``, ``allocation_mode``, the YAML file,
     the overrides."""
     layers: list[tuple[str, DictConfig]] = []
-    if base:
-        layers.append(("base", OmegaConf.create(base)))
     if config_file is not None:
         if not os.path.isfile(config_file):
             raise ConfigError("--config", f"file not found: {config_file}")
@@ -295,14 +284,13 @@ def _layers(
     _import_user_modules(given)
     if (allocation := _allocation_layer(given)) is not None:
         layers.insert(0, ("allocation_mode", allocation))
-    if apply_algorithm_defaults:
-        env_name, env_defaults = _env_defaults([layer for _, layer in layers])
-        if env_defaults:
-            _check_keys(OmegaConf.to_container(env_defaults, resolve=False), known)
-            layers.insert(0, (f"env {env_name}", env_defaults))
-        name, defaults = _algorithm_defaults([layer for _, layer in layers])
-        if defaults:
-            layers.insert(0, (f"algorithm {name}", OmegaConf.create({"algorithm": defaults})))
+    env_name, env_defaults = _env_defaults([layer for _, layer in layers])
+    if env_defaults:
+        _check_keys(env_defaults, known)
+        layers.insert(0, (f"env {env_name}", OmegaConf.create(env_defaults)))
+    name, defaults = _algorithm_defaults([layer for _, layer in layers])
+    if defaults:
+        layers.insert(0, (f"algorithm {name}", OmegaConf.create({"algorithm": defaults})))
     return layers
 
 
@@ -343,13 +331,10 @@ def _build(layers: list[tuple[str, DictConfig]]) -> ExperimentConfig:
 def load_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
-    *,
-    base: dict[str, Any] | None = None,
-    apply_algorithm_defaults: bool = True,
 ) -> ExperimentConfig:
-    """Schema ← algorithm defaults ← the env's ``default_config`` ← ``allocation_mode`` ← ``base`` ← YAML
+    """Schema ← algorithm defaults ← the env's ``default_config`` ← ``allocation_mode`` ← YAML
     file ← overrides, then validate."""
-    return _build(_layers(config_file, overrides, base, apply_algorithm_defaults))
+    return _build(_layers(config_file, overrides))
 
 
 _UNSET = object()
@@ -358,14 +343,12 @@ _UNSET = object()
 def explain_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
-    *,
-    base: dict[str, Any] | None = None,
 ) -> tuple[ExperimentConfig, dict[str, str]]:
     """The config :func:`load_config` gives for the same arguments (what a run uses), and for
     every leaf key where its value comes from: ``default`` (the dataclass), ``algorithm NAME``
     (the algorithm spec's defaults), ``env NAME`` (the env's ``default_config``), ``allocation_mode``,
-    ``base``, ``yaml`` or ``override``."""
-    layers = _layers(config_file, overrides, base, True)
+    ``yaml`` or ``override``."""
+    layers = _layers(config_file, overrides)
     cfg = _build(layers)
     sources = {key: "default" for key, *_ in config_fields()}
     for source, layer in layers:
@@ -389,8 +372,7 @@ def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
         if dataclasses.is_dataclass(value):
             rows.extend(config_fields(type(value), f"{prefix}{fld.name}."))
         else:
-            type_name = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
-            rows.append((prefix + fld.name, str(type_name), value, fld.metadata.get("help", "")))
+            rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))  # config.py postpones annotations: a str
     return rows
 
 

@@ -154,7 +154,6 @@ class Env(gymnasium.Env):
     natively async envs.
     """
 
-    metadata = {"render_modes": []}
     default_dataset: ClassVar[str | None] = None
     default_dataset_kwargs: ClassVar[dict[str, Any]] = {}
     default_config: ClassVar[dict[str, Any]] = {}

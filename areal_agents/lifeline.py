@@ -15,7 +15,7 @@ import signal as _signal
 import threading
 import time
 
-__all__ = ["PARENT_PID_ENV", "die_with_parent", "parent_alive", "watch_parent", "watch_parent_from_env"]
+__all__ = ["PARENT_PID_ENV", "die_with_parent", "watch_parent", "watch_parent_from_env"]
 
 PARENT_PID_ENV = "AREAL_AGENTS_PARENT_PID"  # a launched ``areal-agents`` process watches this pid
 
@@ -29,28 +29,21 @@ def die_with_parent(signal: int = _signal.SIGTERM) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal)
 
 
-def parent_alive(pid: int) -> bool:
-    """Whether ``pid`` still runs and is still this process's parent."""
-    return os.getppid() == pid  # an ending process hands its children on before it is reaped: our parent runs
-
-
 def watch_parent(pid: int, *, interval: float = 0.5, signal: int = _signal.SIGTERM,
-                 grace: float = 10.0) -> threading.Thread:
+                 grace: float = 10.0) -> None:
     """Start a daemon thread that sends ``signal`` to this process when ``pid`` is gone."""
     def watch() -> None:
-        while parent_alive(pid):
+        while os.getppid() == pid:  # an ending process hands its children on before it is reaped: our parent runs
             time.sleep(interval)
         os.kill(os.getpid(), signal)
         time.sleep(grace)
         os._exit(1)
 
-    thread = threading.Thread(target=watch, daemon=True, name=f"watch-parent-{pid}")
-    thread.start()
-    return thread
+    threading.Thread(target=watch, daemon=True, name=f"watch-parent-{pid}").start()
 
 
-def watch_parent_from_env() -> threading.Thread | None:
+def watch_parent_from_env() -> None:
     """:func:`watch_parent` on the pid in ``$AREAL_AGENTS_PARENT_PID`` (SIGKILL: a trainer rank
-    whose launcher died has no one to finish with), or None when it is not set."""
-    pid = os.environ.get(PARENT_PID_ENV)
-    return watch_parent(int(pid), signal=_signal.SIGKILL) if pid else None
+    whose launcher died has no one to finish with), when it is set."""
+    if pid := os.environ.get(PARENT_PID_ENV):
+        watch_parent(int(pid), signal=_signal.SIGKILL)

@@ -73,9 +73,7 @@ def reference_trajectory(tokenizer: Tokenizer, messages: list[dict[str, Any]],
         raise ValueError("a reference conversation starts with a system or user message")
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token to end the replies with")
-    llm = _REPLAYS.get(tokenizer)
-    if llm is None:  # one per tokenizer: its chat template's end of turn is probed once
-        llm = _REPLAYS.setdefault(tokenizer, _Replay(tokenizer))
+    llm = _REPLAYS.setdefault(tokenizer, _Replay(tokenizer))  # one per tokenizer: its end of turn is probed once
     llm.reset()
     llm.queue.clear()
     for i, msg in enumerate(messages):

@@ -165,26 +165,13 @@ def get_registry(kind: str) -> Registry:
     return _BY_KIND[key]
 
 
-def register_env(name: str, *, override: bool = False) -> Callable[[T], T]:
-    """Register an :class:`~areal_agents.env.Env` subclass (or factory) under ``name``."""
-    return envs.register(name, override=override)
-
-
-def register_agent(name: str, *, override: bool = False) -> Callable[[T], T]:
-    """Register an :class:`~areal_agents.agent.Agent` subclass (or factory) under ``name``."""
-    return agents.register(name, override=override)
-
-
-def register_dataset(name: str, *, override: bool = False) -> Callable[[T], T]:
-    """Register a dataset factory ``fn(split: str, **kwargs) -> list[dict]`` under ``name``."""
-    return datasets.register(name, override=override)
-
-
-def register_reward(name: str, *, override: bool = False) -> Callable[[T], T]:
-    """Register a reward ``fn(completion: str, **row) -> float`` under ``name``."""
-    return rewards.register(name, override=override)
-
-
-def register_algorithm(name: str, *, override: bool = False) -> Callable[[T], T]:
-    """Register an algorithm spec (see ``algorithms.specs.AlgorithmSpec``) under ``name``."""
-    return algorithms.register(name, override=override)
+# The decorators (``override=True`` replaces a name): @register_env("name") over an
+# :class:`~areal_agents.env.Env` subclass (or factory), @register_agent over an
+# :class:`~areal_agents.agent.Agent` subclass (or factory), @register_dataset over a factory
+# ``fn(split: str, **kwargs) -> list[dict]``, @register_reward over ``fn(completion: str, **row) -> float``,
+# @register_algorithm over an algorithm spec (see ``algorithms.specs.AlgorithmSpec``).
+register_env = envs.register
+register_agent = agents.register
+register_dataset = datasets.register
+register_reward = rewards.register
+register_algorithm = algorithms.register

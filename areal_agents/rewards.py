@@ -255,13 +255,6 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             return None
         return worker
 
-    def _give_back(self, worker: Worker) -> None:
-        with self._lock:
-            if self._closed:
-                worker.stop()
-            else:
-                self._idle.append(worker)
-
     def _died(self, worker: Worker, label: str, t0: float) -> RewardResult:
         code = worker.exit_code()
         worker.kill()
@@ -301,7 +294,11 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             ok, value = worker.conn.recv()
         except (EOFError, OSError):
             return self._died(worker, label, t0)
-        self._give_back(worker)
+        with self._lock:  # the worker goes back to the idle ones
+            if self._closed:
+                worker.stop()
+            else:
+                self._idle.append(worker)
         dt = time.monotonic() - t0
         if ok:
             return self._count(RewardResult(float(value), "ok", "", dt))

@@ -44,11 +44,6 @@ VISIBLE_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 SANDBOX_UID_BASE = 1_500_000_000
 _runs = itertools.count()
 
-
-def _sandbox_uid() -> int:
-    """A uid no account uses, distinct for every run of this process (and across processes)."""
-    return SANDBOX_UID_BASE + (os.getpid() * 65_536 + next(_runs)) % 500_000_000
-
 # Runs as the child's first code (python -I -S -c); argv[1] is a JSON config.
 _BOOT = r"""
 import ctypes, json, os, resource, sys
@@ -188,7 +183,8 @@ def run_python(
     if timeout_s <= 0 or memory_mb <= 0 or max_procs < 1:
         raise ValueError("run_python: timeout_s, memory_mb and max_procs must be positive")
     is_root = os.getuid() == 0
-    run_uid = _sandbox_uid()
+    # a uid no account uses, distinct for every run of this process (and across processes)
+    run_uid = SANDBOX_UID_BASE + (os.getpid() * 65_536 + next(_runs)) % 500_000_000
     with (tempfile.TemporaryDirectory(prefix="areal-sandbox-", ignore_cleanup_errors=True) as workdir,
           tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err):
         main_py = Path(workdir, "main.py")
