@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_agents.types import is_turn_discount
+
 __all__ = [
     "ActorConfig",
     "AgentConfig",
@@ -133,7 +135,7 @@ class EnvConfig(Section):
 
     name: str = f("math", "Registered env name (see `areal-agents list envs`).")
     kwargs: dict[str, Any] = f({}, "Extra keyword arguments passed to the env constructor.")
-    turn_discount: float = f(1.0, "Per-turn reward discount gamma; return = sum gamma^k r_k.", within("(0, 1]"))
+    turn_discount: float = f(1.0, "Per-turn reward discount gamma; return = sum gamma^k r_k.", Rule(is_turn_discount, "in (0, 1]"))
 
 
 @dataclass

@@ -9,14 +9,19 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["STATUSES", "Trajectory", "check_turn_discount", "discounted_returns"]
+__all__ = ["STATUSES", "Trajectory", "check_turn_discount", "discounted_returns", "is_turn_discount"]
 
 STATUSES = ("ok", "env_error", "agent_error", "reward_error", "timeout", "aborted", "server_error")
 
 
+def is_turn_discount(gamma: float) -> bool:
+    """Whether ``gamma`` is a valid turn discount: γ ∈ (0, 1]."""
+    return 0.0 < gamma <= 1.0
+
+
 def check_turn_discount(gamma: float) -> float:
-    """``gamma`` when it is a valid turn discount, γ ∈ (0, 1]; else ``ValueError``."""
-    if not 0.0 < gamma <= 1.0:
+    """``gamma`` when :func:`is_turn_discount`; else ``ValueError``."""
+    if not is_turn_discount(gamma):
         raise ValueError(f"turn_discount must be in (0, 1] (got {gamma})")
     return gamma
 

@@ -56,3 +56,46 @@ def test_static_checks(tool):
     args = [exe, "check", "."] if tool == "ruff" else [exe]
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports): its strongly connected
+    components of more than one module, and modules that import themselves."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            component = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(component) > 1 or module in graph[module]:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_another_in_a_cycle():
+    import grimp  # comes with import-linter, a dev dependency
+
+    built = grimp.build_graph("areal_agents", "envs", "algorithms", "trainers", cache_dir=None)
+    graph = {m: set(built.find_modules_directly_imported_by(m)) & built.modules for m in built.modules}
+    assert len(graph) > 50  # every package was read
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "d"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"], ["d"]]
