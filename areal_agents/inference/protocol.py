@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "init_weights_update_group_payload", "parse_generate",
+__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "flag", "init_weights_update_group_payload", "parse_generate",
            "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
 
@@ -165,7 +165,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     out["stop"] = stop
     out["stop_token_ids"] = _token_list(sp.get("stop_token_ids") or [], "sampling_params.stop_token_ids", vocab)
     for key, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
-        out[key] = _flag(sp.get(key), default, f"sampling_params.{key}")
+        out[key] = flag(sp.get(key), default, f"sampling_params.{key}")
     seed = sp.get("sampling_seed")
     require(seed is None or (_is_int(seed) and 0 <= seed < 2**63),
             f"sampling_params.sampling_seed must be an integer in [0, 2^63) (got {seed!r})")  # fmt: skip
@@ -173,7 +173,8 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     return out
 
 
-def _flag(v: Any, default: bool, what: str) -> bool:
+def flag(v: Any, default: bool, what: str) -> bool:
+    """A JSON boolean field ``what``: ``default`` when null, else it must be true or false (:class:`BadRequest`)."""
     require(v is None or isinstance(v, bool), f"{what} must be true or false")
     return default if v is None else bool(v)
 
@@ -190,10 +191,10 @@ def _per_prompt(body: dict[str, Any], key: str, n: int, batched: bool) -> list[A
 def _logprob_args(body: dict[str, Any], n: int, batched: bool, vocab: int) -> list[dict[str, Any]]:
     """The logprob fields of each of the ``n`` prompts (``logprob_start_len`` still unchecked against length)."""
     columns = [_per_prompt(body, k, n, batched) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")]
-    with_text = _flag(body.get("return_text_in_logprobs"), False, "'return_text_in_logprobs'")
+    with_text = flag(body.get("return_text_in_logprobs"), False, "'return_text_in_logprobs'")
     out = []
     for ret, start, top in zip(*columns, strict=True):
-        ret = _flag(ret, False, "'return_logprob'")
+        ret = flag(ret, False, "'return_logprob'")
         start = -1 if start is None else start
         require(_is_int(start) and start >= -1, f"'logprob_start_len' must be an integer >= -1 (got {start!r})")
         top = 0 if top is None else top

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
-from areal_agents.inference.protocol import BadRequest, _flag, parse_generate, require, response_body
+from areal_agents.inference.protocol import BadRequest, flag, parse_generate, require, response_body
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -93,7 +93,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     specs, as_list = parse_generate(body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len)
     if not engine.paused:  # while paused (a sync swapping the adapter) requests wait; admission checks again
         _lora_routes.require_loaded(engine, specs)
-    stream = _flag(body.get("stream"), False, "'stream'")
+    stream = flag(body.get("stream"), False, "'stream'")
     require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
     loop = asyncio.get_running_loop()
     start = time.monotonic()
