@@ -372,7 +372,7 @@ def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
         if dataclasses.is_dataclass(value):
             rows.extend(config_fields(type(value), f"{prefix}{fld.name}."))
         else:
-            rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))  # config.py postpones annotations: a str
+            rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))  # postponed: a str
     return rows
 
 

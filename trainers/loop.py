@@ -59,8 +59,9 @@ def cli_run(args: argparse.Namespace) -> int:
 
         return run_on_ray(cfg)
     if ranks > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks (per node)
-        return subprocess.call(tdist.torchrun_command(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:],
-                                                      nnodes=cfg.trainer.nnodes, rdzv_endpoint=cfg.trainer.rdzv_endpoint))
+        command = tdist.torchrun_command(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:], nnodes=cfg.trainer.nnodes,
+                                         rdzv_endpoint=cfg.trainer.rdzv_endpoint)
+        return subprocess.call(command)
     if "WORLD_SIZE" in os.environ:  # a launched rank: ends with its launcher (a Ray actor) when asked to
         from areal_agents.lifeline import watch_parent_from_env
 

@@ -152,7 +152,7 @@ class Engine:
 
     def swap_weights(self, state: dict[str, torch.Tensor], version: str, abort_all: bool) -> int:
         """Copy ``state`` into the model; running requests are aborted or recomputed."""
-        params = self.model.state_dict()  # detached: no autograd in the copy (and it runs in the decode loop's inference mode)
+        params = self.model.state_dict()  # detached tensors: no autograd in the copy
         for name, tensor in state.items():
             params[name].copy_(tensor)
         self.weight_version = version

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.config import DTYPES
-from areal_agents.inference.protocol import BadRequest, _is_int, require
+from areal_agents.inference.protocol import BadRequest, is_int, require
 from areal_agents.inference.weight_group import new_weight_group
 
 __all__ = ["WeightGroups", "check_fit", "load_state_dict"]
@@ -50,7 +50,7 @@ def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
 
 def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     v: Any = body.get(key)
-    require(_is_int(v) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
+    require(is_int(v) and lo <= v <= hi, f"'{key}' must be an integer in [{lo}, {hi}]")
     return int(v)
 
 
@@ -95,7 +95,7 @@ class WeightGroups:
         require(isinstance(names, list) and all(isinstance(n, str) for n in names), "'names' must be a list of strings")
         require(isinstance(dtypes, list) and all(d in DTYPES for d in dtypes),
                 f"'dtypes' must be a list of {', '.join(DTYPES)}")  # fmt: skip
-        require(isinstance(shapes, list) and all(isinstance(s, list) and all(_is_int(x) and x >= 0 for x in s)
+        require(isinstance(shapes, list) and all(isinstance(s, list) and all(is_int(x) and x >= 0 for x in s)
                                                  for s in shapes), "'shapes' must be a list of lists of sizes")
         assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
         require(len(names) == len(dtypes) == len(shapes), "'names', 'dtypes' and 'shapes' differ in length")

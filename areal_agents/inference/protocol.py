@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "flag", "init_weights_update_group_payload", "parse_generate",
-           "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
+__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "flag", "init_weights_update_group_payload", "is_int",
+           "parse_generate", "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
 
 # Every field of SGLang's ``GenerateReqInput`` (0.5.x) is accepted. Those this server implements:
@@ -91,7 +91,8 @@ def require(ok: bool, message: str) -> None:
         raise BadRequest(message)
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
+    """Whether ``x`` is a JSON integer (``bool`` is not)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -105,7 +106,7 @@ def _neutral(value: Any, default: Any) -> bool:
 
 
 def _token_list(x: Any, what: str, vocab: int) -> list[int]:
-    require(isinstance(x, list) and all(_is_int(t) for t in x), f"{what} must be a list of integers")
+    require(isinstance(x, list) and all(is_int(t) for t in x), f"{what} must be a list of integers")
     bad = [t for t in x if not 0 <= t < vocab]
     require(not bad, f"{what} has token ids outside [0, {vocab}): {bad[:5]}")
     return list(x)
@@ -141,7 +142,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     v: Any
     for key, default in (("max_new_tokens", 128), ("min_new_tokens", 0), ("n", 1), ("top_k", -1)):
         v = default if sp.get(key) is None else sp[key]
-        require(_is_int(v), f"sampling_params.{key} must be an integer (got {v!r})")
+        require(is_int(v), f"sampling_params.{key} must be an integer (got {v!r})")
         out[key] = v
     require(out["max_new_tokens"] >= 0, f"sampling_params.max_new_tokens must be >= 0 (got {out['max_new_tokens']})")
     require(out["min_new_tokens"] >= 0, "sampling_params.min_new_tokens must be >= 0")
@@ -167,7 +168,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     for key, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
         out[key] = flag(sp.get(key), default, f"sampling_params.{key}")
     seed = sp.get("sampling_seed")
-    require(seed is None or (_is_int(seed) and 0 <= seed < 2**63),
+    require(seed is None or (is_int(seed) and 0 <= seed < 2**63),
             f"sampling_params.sampling_seed must be an integer in [0, 2^63) (got {seed!r})")  # fmt: skip
     out["sampling_seed"] = seed
     return out
@@ -196,9 +197,9 @@ def _logprob_args(body: dict[str, Any], n: int, batched: bool, vocab: int) -> li
     for ret, start, top in zip(*columns, strict=True):
         ret = flag(ret, False, "'return_logprob'")
         start = -1 if start is None else start
-        require(_is_int(start) and start >= -1, f"'logprob_start_len' must be an integer >= -1 (got {start!r})")
+        require(is_int(start) and start >= -1, f"'logprob_start_len' must be an integer >= -1 (got {start!r})")
         top = 0 if top is None else top
-        require(_is_int(top) and top >= 0, f"'top_logprobs_num' must be an integer >= 0 (got {top!r})")
+        require(is_int(top) and top >= 0, f"'top_logprobs_num' must be an integer >= 0 (got {top!r})")
         out.append({"return_logprob": ret, "logprob_start_len": start if ret else -1,
                     "top_logprobs_num": min(top, vocab) if ret else 0, "return_text_in_logprobs": with_text})
     return out
@@ -214,7 +215,8 @@ def _lora_paths(value: Any, n: int) -> list[str | None]:
     return names * n if len(names) == 1 else names
 
 
-def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int, context_len: int) -> tuple[list[GenerateSpec], bool]:
+def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int,
+                   context_len: int) -> tuple[list[GenerateSpec], bool]:
     """Check a ``/generate`` body (a JSON object); return (specs, reply_is_list)."""
     unknown = sorted(set(body) - _TOP_ALL)
     require(not unknown, f"unknown fields: {', '.join(unknown)}")

@@ -180,7 +180,7 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
     from areal_agents.openai_compat.agent import OpenAIAgent, is_openai_agent
 
     if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
-        fn: Any = agent_cls(**cfg.agent.kwargs) if inspect.isclass(agent_cls) else agent_cls  # a class: built with kwargs
+        fn: Any = agent_cls(**cfg.agent.kwargs) if inspect.isclass(agent_cls) else agent_cls  # a class: with kwargs
         return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling)
     return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
                         "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,

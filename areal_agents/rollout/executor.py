@@ -173,7 +173,8 @@ class RolloutExecutor:
         with self._cond:
             self._version = int(version)
             self._drop_stale_ready_locked()
-            stale = [g for g in self._active.values() if not g.stale and self._bound.is_stale(g.start_version, self._version)]
+            stale = [g for g in self._active.values()
+                     if not g.stale and self._bound.is_stale(g.start_version, self._version)]
             for g in stale:
                 g.stale = True
         if stale and self._thread is not None and self._state == "running":
