@@ -82,7 +82,9 @@ class RowFeeder:
         return random.Random(f"{self.seed}/{key[0]}/{key[1]}").random() < self.skip
 
     def next(self) -> tuple[tuple[int, int], dict[str, Any]]:
-        """``((epoch, index), row)`` of the next row not passed over; advances the position (rows: not empty)."""
+        """``((epoch, index), row)`` of the next row not passed over; advances the position."""
+        if not self.rows:
+            raise IndexError("no rows to feed")
         for left in range(len(self.rows), 0, -1):  # after an epoch's worth of skips, the next row regardless
             key = (self.epoch, self.index)
             self.index += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,3 +95,8 @@ def test_skipping_replays_from_a_saved_state_and_never_stalls():
     assert [plain.next()[0] for _ in range(7)] == [(state["epoch"], i) for i in range(state["index"], 7)] + [
         (state["epoch"] + 1, i) for i in range(state["index"])]
     assert plain.skipped == state["skipped"]
+
+
+def test_a_feeder_without_rows_says_so():
+    with pytest.raises(IndexError, match="no rows to feed"):
+        RowFeeder([], seed=0, shuffle=True).next()
