@@ -51,6 +51,8 @@ async def server_round(url: str, ids: list[list[int]], new_tokens: int) -> float
                     "sampling_params": {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 1.0}}
             async with session.post(url + "/generate", json=body) as resp:
                 out = await resp.json()
+            if "output_ids" not in out:
+                raise RuntimeError(f"/generate answered {resp.status}: {json.dumps(out)[:500]}")
             return len(out["output_ids"])
 
         start = time.perf_counter()

@@ -207,6 +207,8 @@ class Checkpointer:
         """True on every rank once any rank got SIGTERM (collective: call at step boundaries)."""
         flag = torch.tensor([1.0 if self._stop else 0.0])
         if dist.is_initialized() and dist.get_world_size() > 1:
+            if dist.get_backend() == "nccl":  # NCCL reduces device tensors only
+                flag = flag.cuda()
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self._stop = bool(flag.item())
         return self._stop

@@ -160,13 +160,14 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[st
     was_training = model.training
     model.eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
     hits = 0
     try:
         for start in range(0, len(rows), batch_size):
             chunk = prompts[start : start + batch_size]
             width = max(len(p) for p in chunk)
-            ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk])
-            attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk], device=device)
+            attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
             out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
             for row, seq in zip(rows[start : start + batch_size], out[:, width:].tolist(), strict=True):
@@ -197,6 +198,7 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
     """
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     hits = 0
     try:
         for start in range(0, len(examples), batch_size):
@@ -206,6 +208,7 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
             ids = pad_sequence([torch.tensor(seq) for seq, _ in chunk], batch_first=True, padding_value=pad_token_id)
             attn = pad_sequence([torch.ones(len(seq), dtype=torch.long) for seq, _ in chunk], batch_first=True)
             target = pad_sequence([torch.tensor(mask, dtype=torch.bool) for _, mask in chunk], batch_first=True)
+            ids, attn, target = ids.to(device), attn.to(device), target.to(device)
             pred = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].argmax(-1)
             wrong = (pred != ids[:, 1:]) & target[:, 1:]
             hits += int((~wrong.any(1)).sum())

@@ -11,6 +11,7 @@ granularity. The event loop never blocks: results come back through callbacks.
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -96,6 +97,9 @@ class Engine:
         self.metrics = {"decode_steps": 0, "decode_seqs": 0, "max_batch": 0, "prefills": 0, "prefill_rows": 0,
                         "tokens": 0, "errors": 0}
         self.error: BaseException | None = None
+        # transformers renamed the forward's ``past_key_values`` to ``cache`` (the old name warns, then goes)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     # ----------------------------------------------------------------- thread-safe API
     def start(self) -> None:
@@ -251,8 +255,8 @@ class Engine:
         cache = self.kv.fresh_cache()
         scored = [i for i, r in enumerate(group) if r.logprob_start >= 0 and r.input_logprobs is None]
         with self.lora.rows([lora for lora, _ in first]):
-            out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache,
-                             use_cache=True, logits_to_keep=0 if scored else 1)  # fmt: skip
+            out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, use_cache=True,
+                             logits_to_keep=0 if scored else 1, **{self._cache_kw: cache})  # fmt: skip
         self.metrics["prefills"] += 1
         self.metrics["prefill_rows"] += len(first)
         for i in scored:  # a retracted request keeps the prompt logprobs of its first prefill
@@ -290,9 +294,9 @@ class Engine:
                 input_ids=self._last_tok[:, None],
                 attention_mask=mask,
                 position_ids=pos,
-                cache=self.kv.cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **{self._cache_kw: self.kv.cache},
             )
         batch = sum(r.finish is None for r in self.rows)
         self.metrics["decode_steps"] += 1

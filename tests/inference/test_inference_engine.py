@@ -145,3 +145,35 @@ def test_finished_rows_leave_in_waves_and_change_no_request(engine: Engine) -> N
         assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
     rows, batch = engine.call(lambda: (list(engine.rows), engine.kv.batch)).result(10)
     assert rows == [] and batch == 0  # the last wave left the batch empty
+
+
+class _OldCacheName(torch.nn.Module):
+    """The model behind a forward that names its cache ``past_key_values`` (transformers before
+    the rename to ``cache``, e.g. 5.17); an unknown ``cache`` keyword would be dropped silently."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.inner = model
+        self.config, self.generation_config = model.config, model.generation_config
+
+    def forward(self, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
+                past_key_values: Any = None, use_cache: bool = True, logits_to_keep: int = 0, **kwargs: Any) -> Any:
+        assert "cache" not in kwargs, "the engine passed the cache under a name this forward does not take"
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          cache=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+
+def test_the_cache_goes_by_the_name_the_models_forward_takes(engine: Engine) -> None:
+    """Greedy decodes agree token for token whether the forward calls its cache ``cache`` or
+    ``past_key_values``: with the wrong name every step would re-read only its last token."""
+    prompt = [5, 6, 7, 8, 9]
+    want = run_all(engine, [GenRequest(rid="new", prompt=prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)])
+    old = Engine(_OldCacheName(engine.model), engine.tokenizer, max_batch_size=4)
+    assert old._cache_kw == "past_key_values" and engine._cache_kw in ("cache", "past_key_values")
+    old.start()
+    try:
+        got = run_all(old, [GenRequest(rid="old", prompt=prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)])
+    finally:
+        old.stop()
+    assert got[0].output_ids == want[0].output_ids and len(got[0].output_ids) == 8
+    assert got[0].logprobs == pytest.approx(want[0].logprobs, abs=1e-5)
