@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from areal_agents.env import TurnLimitedEnv
 
@@ -52,6 +52,10 @@ class GuessNumberEnv(TurnLimitedEnv):
     """
 
     default_dataset = "guess-number"
+    default_config: ClassVar[dict[str, Any]] = {
+        # Bisection needs up to 7 guesses for 1-100: the agent must allow them all.
+        "agent": {"max_turns": 7},
+    }
     required_fields = ("target",)
 
     def __init__(self, max_turns: int = 7) -> None:
@@ -75,3 +79,16 @@ class GuessNumberEnv(TurnLimitedEnv):
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """The bisection opening: the middle of the range."""
         return str((int(row.get("low", 1)) + int(row.get("high", 100))) // 2)
+
+    def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A whole bisection game: guess the middle of what is left until the number is found
+        (at most ``ceil(log2(high - low + 2))`` guesses: 7 for 1-100)."""
+        low, high, target = int(row.get("low", 1)), int(row.get("high", 100)), int(row["target"])
+        conv: list[dict[str, Any]] = [{"role": "user", "content": self.start(dict(row))}]
+        while True:
+            guess = (low + high) // 2
+            conv.append({"role": "assistant", "content": str(guess)})
+            if guess == target:
+                return conv
+            low, high = (guess + 1, high) if guess < target else (low, guess - 1)
+            conv.append({"role": "user", "content": "Higher." if guess < target else "Lower."})

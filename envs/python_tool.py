@@ -69,6 +69,17 @@ class PythonToolEnv(TurnLimitedEnv):
         info.update(success=reward >= 1.0, tool_calls=self.tool_calls)
         return "", reward, True, info
 
+    def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The whole episode of an integer ``expression`` row: the tool call, the sandbox's output
+        (what ``print`` writes for the integer, i.e. the answer), the answer copied from it."""
+        if not row.get("expression") or row.get("op", "+") not in ("+", "-", "*"):
+            return None
+        answer = str(row["answer"])
+        return [{"role": "user", "content": self.start(row)},
+                {"role": "assistant", "content": f"<python>print({row['expression']})</python>"},
+                {"role": "user", "content": f"<output>{answer}</output>"},
+                {"role": "assistant", "content": answer}]
+
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """The tool call that computes the answer (``expression`` rows), else the answer itself."""
         return f"<python>print({row['expression']})</python>" if row.get("expression") else str(row["answer"])

@@ -165,11 +165,27 @@ class ShardedModel:
         return logp * attn, (ent * attn if ent is not None else None)
 
     def _packed(self, mb: Batch) -> Packed | None:
-        """The micro-batch with shared prompts packed, when that saves tokens (policy and reference)."""
+        """The micro-batch with shared prompts packed, when that saves compute (policy and reference).
+
+        A packed sequence is as long as its group's suffixes together: it saves the copies of
+        the prompt but its attention grows with the square of its length, and a block mask keeps
+        attention off its fused causal kernels. So packing is taken only when it costs under 0.8
+        of the padded rows, counting per row ``L * (1 + L / (6 * hidden))``: the weights' FLOPs
+        per token (~24 h^2) against attention's (~4 L h). Single-turn groups (a long prompt, short
+        answers) pack; multi-turn ones (episodes far longer than their shared first prompt) do not.
+        """
         if not self.pack_prompts or "loss_mask" not in mb:
             return None
         packed = pack_prompts(mb["input_ids"], mb["loss_mask"], seq_lens(mb))
-        return packed if packed is not None and packed.input_ids.numel() < 0.8 * mb["input_ids"].numel() else None
+        if packed is None:
+            return None
+        scale = 6.0 * int(getattr(self.config, "hidden_size", 1024))
+
+        def cost(ids: torch.Tensor) -> float:
+            rows, length = ids.shape[0], ids.shape[-1]
+            return rows * length * (1.0 + length / scale)
+
+        return packed if cost(packed.input_ids) < 0.8 * cost(mb["input_ids"]) else None
 
     def clip_and_step(self, max_norm: float) -> float:
         """Clip gradients (``max_norm`` 0 = off), step unless the norm is not finite; return the norm."""

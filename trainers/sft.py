@@ -11,6 +11,7 @@ only the assistant turns trained), fine-tunes on that, and caches the result und
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -26,13 +27,14 @@ from torch.nn.utils.rnn import pad_sequence
 
 from areal_agents.config import ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
+from trainers.warm_check import episode_check, is_multi_turn
 
 __all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
            "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str] | Trajectory
 _CHECK_ROWS = 200
-_WARM_VERSION = 5  # bump when the warm start recipe changes, so cached models are rebuilt
+_WARM_VERSION = 6  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
 def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
@@ -87,7 +89,8 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     ``sft.steps`` steps of ``sft.batch_size`` examples (seeded epochs), AdamW at ``sft.lr``
     with warmup + cosine decay (with ``stop_at``: warmup, then constant, since the run stops
     at an accuracy rather than a step count), on the FSDP2 engine (``cfg`` gives the actor/trainer
-    settings). ``eval_fn(model)`` runs every ``sft.eval_every`` steps and at the end; with
+    settings). ``eval_fn(engine)`` (the :class:`~trainers.engine.TrainEngine`; ``engine.model`` is the
+    policy module) runs every ``sft.eval_every`` steps and at the end; with
     ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``, and while
     that value is under half of ``stop_at`` (the flat start of the curve) the next eval comes
     ``sft.warm_start_far_check_every`` steps later (when set).
@@ -130,7 +133,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
             history["loss"].append(metrics["loss"])
             bar.update(task, advance=1, loss=metrics["loss"])
             if eval_fn is not None and sft.eval_every and step + 1 == next_eval and step + 1 < sft.steps:
-                result = {"step": step + 1, **eval_fn(engine.model)}
+                result = {"step": step + 1, **eval_fn(engine)}
                 history["evals"].append(result)
                 bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
                 first = next(v for k, v in result.items() if k != "step")
@@ -141,7 +144,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
                 far = sft.warm_start_far_check_every if stop_at is not None and first < stop_at / 2 else None
                 next_eval += far or sft.eval_every
         if eval_fn is not None and not history["stopped_early"]:
-            result = {"step": sft.steps, **eval_fn(engine.model)}
+            result = {"step": sft.steps, **eval_fn(engine)}
             history["evals"].append(result)
             bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
     history["seconds"] = time.monotonic() - t0
@@ -230,6 +233,8 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
     for row in rows:
         conv = env.reference_conversation(row)
         if conv is not None:
+            if cfg.agent.system_prompt and conv[0].get("role") != "system":  # as the agent starts its episodes
+                conv = [{"role": "system", "content": cfg.agent.system_prompt}, *conv]
             key = json.dumps(conv, sort_keys=True, default=str)
             if key not in replayed:
                 replayed[key] = reference_trajectory(tokenizer, conv, getattr(env, "tools", None))
@@ -307,7 +312,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     train_rows = load_dataset_rows(dataclasses.replace(cfg, data=data), "train")
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
-    exact = bool(stop_at) and all(env.reference_completion(r) is not None for r in test_rows)
+    multi = bool(test_rows) and is_multi_turn(cfg, env, test_rows[0])  # checked by playing episodes, as evals do
+    exact = bool(stop_at) and not multi and all(env.reference_completion(r) is not None for r in test_rows)
     if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
         test_rows = test_rows[:_CHECK_ROWS]
 
@@ -321,21 +327,25 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
         raise ValueError(f"env {cfg.env.name!r} gives no reference_completion for its rows: cannot warm-start; "
                          "set actor.path to a model")
     test_examples, test_prompts = render_examples(cfg, tokenizer, env, test_rows)
-    eval_fn = None
-    if exact:  # band checks: teacher-forced, one forward pass
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eval_fn: Callable[[Any], dict[str, float]] | None = None
+    check = "exact_match" if exact else "episodes" if multi else "greedy"
+    with contextlib.ExitStack() as stack:
+        if exact:  # band checks: teacher-forced, one forward pass
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-        def eval_fn(model: Any) -> dict[str, float]:
-            return {"acc": exact_match_accuracy(model, test_examples, pad)}
-    elif test_rows:
-        def eval_fn(model: Any) -> dict[str, float]:
-            return {"acc": greedy_accuracy(model, tokenizer, env, test_rows, test_prompts,
-                                           max_new_tokens=cfg.sampling.max_new_tokens)}
-    report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
-                       seed=cfg.seed, stop_at=stop_at)
+            def eval_fn(engine: Any) -> dict[str, float]:
+                return {"acc": exact_match_accuracy(engine.model, test_examples, pad)}
+        elif multi:
+            eval_fn = stack.enter_context(episode_check(cfg, base, tokenizer, test_rows, out.with_name(f".{out.name}-check")))
+        elif test_rows:
+            def eval_fn(engine: Any) -> dict[str, float]:
+                return {"acc": greedy_accuracy(engine.model, tokenizer, env, test_rows, test_prompts,
+                                               max_new_tokens=cfg.sampling.max_new_tokens)}
+        report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
+                           seed=cfg.seed, stop_at=stop_at)
     summary = {"steps": len(report["loss"]), "target": stop_at, "reached": report["stopped_early"],
                "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
-               "check": "exact_match" if exact else "greedy", "evals": report["evals"], "base_model": str(base)}
+               "check": check, "evals": report["evals"], "base_model": str(base)}
     tmp = out / ".sft_report.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "sft_report.json")

@@ -212,7 +212,7 @@ def warm_start(cfg: Any, *, progress: bool = True) -> Path:
 
     check = [encode(episode) for episode in test]
     report = sft_train(base, encode(train), sft, out, cfg=cfg, tokenizer=tokenizer, progress=progress, seed=cfg.seed,
-                       eval_fn=lambda model: {"acc": _greedy_episode_accuracy(model, tokenizer, check)},
+                       eval_fn=lambda engine: {"acc": _greedy_episode_accuracy(engine.model, tokenizer, check)},
                        stop_at=cfg.sft.warm_start_target or None)
     (out / "sft_report.json").write_text(json.dumps({k: report[k] for k in ("evals", "seconds", "stopped_early")}))
     return out

@@ -245,6 +245,34 @@ def _groups_sharing_prompts(n_groups: int, size: int, seed: int) -> list[Traject
     return out
 
 
+def test_long_episodes_after_a_short_shared_prompt_are_not_packed(model_dir: Path) -> None:
+    """A group of long multi-turn episodes packs into one sequence as long as all of them: its
+    attention costs more than the prompt copies it saves, so the engine trains the rows as they are."""
+    from trainers.batching import collate, seq_lens
+    from trainers.prompt_packing import pack_prompts
+
+    rng = random.Random(3)
+    trajs = []
+    for g in range(2):
+        prompt = [rng.randrange(2, VOCAB) for _ in range(6)]
+        for _ in range(8):
+            ids, mask, spans = list(prompt), [0] * 6, []
+            for _ in range(rng.randint(1, 7)):  # up to seven turns of a game: a short reply, then the env's answer
+                spans.append((len(ids), len(ids) + 3))
+                ids += [rng.randrange(2, VOCAB) for _ in range(3)] + [5, 6, 7, 8, 9, 10, 11, 12]
+                mask += [1, 1, 1] + [0] * 8
+            traj = Trajectory(input_ids=ids, loss_mask=mask, logprobs=[-0.5 if m else 0.0 for m in mask],
+                              versions=[0 if m else -1 for m in mask], turn_spans=spans, group_id=f"g{g}")
+            traj.set_rewards([0.0] * (len(spans) - 1) + [1.0], 1.0)
+            trajs.append(traj)
+    batch = collate(trajs)
+    packed = pack_prompts(batch["input_ids"], batch["loss_mask"], seq_lens(batch))
+    assert packed is not None and packed.input_ids.numel() < 0.8 * batch["input_ids"].numel()  # fewer tokens, but
+    engine = TrainEngine(make_cfg(pack_prompts=True, lr=1e-3), model_dir)
+    assert engine.actor._packed(batch) is None
+    assert engine.actor._packed(collate(_groups_sharing_prompts(4, 8, seed=5))) is not None  # short answers still pack
+
+
 def test_packed_prompts_give_the_same_logprobs_loss_and_update(model_dir: Path) -> None:
     from algorithms.specs import get_algorithm
     from trainers.batching import collate, seq_lens

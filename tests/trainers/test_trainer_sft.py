@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def test_sft_learns_text_pairs(chat_model: Path, tmp_path: Path) -> None:
     pairs = [(f"say {w} please", f" {w}") for w in ("red", "green", "blue", "cyan")]
     evals = []
 
-    def eval_fn(model: torch.nn.Module) -> dict[str, float]:
+    def eval_fn(engine: Any) -> dict[str, float]:
         evals.append(1)
         return {"calls": float(len(evals))}
 
@@ -85,7 +86,7 @@ def test_warm_start_checks_sparsely_while_far_below_its_target(chat_model: Path,
     pairs = [(f"say {w} please", f" {w}") for w in ("red", "green")]
     accs = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.6])
 
-    def eval_fn(model: torch.nn.Module) -> dict[str, float]:
+    def eval_fn(engine: Any) -> dict[str, float]:
         return {"acc": next(accs)}
 
     report = sft_train(chat_model, pairs, SFTConfig(steps=100, batch_size=2, lr=1e-3, warmup_steps=1, eval_every=2,
