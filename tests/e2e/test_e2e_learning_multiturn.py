@@ -1,0 +1,49 @@
+"""Learning is a feature for multi-turn agents too: ``areal-agents run --env math-multiturn``
+from a clean cache must raise greedy *episode* success on the held-out sums.
+
+An episode is up to three tries at a sum, with "Wrong, try again." after a miss, so each
+trajectory holds several generated turns with env messages between them. The warm start
+trains whole reference episodes and checks greedy episodes through the env, as the eval does
+(so the eval at step 0 is where the warm start stopped). A loss mask that covers the env's
+messages, a turn discount applied the wrong way round, a broken advantage sign or a weight sync
+that does not reach the server makes the gain vanish; the margin below is far under what the
+recipe gains in this budget and far above eval noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+STEPS = 60
+MIN_GAIN = 0.10
+
+
+def test_multi_turn_recipe_raises_greedy_episode_success(tmp_path: Path) -> None:
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math-multiturn", f"output_dir={tmp_path / 'runs'}",
+         f"trainer.total_steps={STEPS}", "eval.every=0", "trainer.save_every=0", "logging.progress=false",
+         "logging.plots=false"],
+        capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(next((tmp_path / "cache" / "warm").glob("math-multiturn-*/sft_report.json")).read_text())
+    rows = [json.loads(line) for line in
+            (tmp_path / "runs" / "math-multiturn" / "trial" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    before, after = evals[0], evals[-1]
+    print(f"warm start: {report['steps']} SFT steps, {report['seconds']} s; RL: {before:.3f} -> {after:.3f}")
+    assert report["check"] == "episodes"  # the warm start measured what the eval measures ...
+    assert report["reached"] and abs(report["evals"][-1]["acc"] - before) < 0.15  # ... and the two agree
+    assert 0.2 <= before <= 0.8  # RL has room on the 500 held-out sums
+    assert len([r for r in rows if "train/loss" in r]) == STEPS
+    multi = [r["rollout/turns"] for r in rows if "rollout/turns" in r]
+    assert sum(multi) / len(multi) > 1.05  # the episodes really are multi-turn
+    assert after - before >= MIN_GAIN, f"greedy episode success {before:.3f} -> {after:.3f} in {STEPS} RL steps"
