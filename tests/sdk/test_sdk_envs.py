@@ -120,6 +120,39 @@ def test_guess_number_feedback() -> None:
     assert terminated and info["success"] and reward == pytest.approx(1 - 0.5 * 3 / 4)
 
 
+@pytest.mark.parametrize("high", [30, 100])
+def test_guess_number_reference_games_are_bisections_the_env_accepts(high: int) -> None:
+    """Every target's reference game, played through the real ChatAgent and env, succeeds within
+    the bisection bound, and the replayed assistant turns are the game's guesses."""
+    from envs.guess_number import guess_number_dataset
+
+    env = make_env("guess-number", max_turns=7)
+    bound = (high).bit_length()  # ceil(log2(high + 1)) guesses
+    for row in guess_number_dataset("test", high=high):
+        conv = env.reference_conversation(row)
+        guesses = [m["content"] for m in conv if m["role"] == "assistant"]
+        assert 1 <= len(guesses) <= bound and guesses[-1] == str(row["target"])
+        traj = asyncio.run(ChatAgent(max_turns=7).run(env, ScriptedLLM(guesses), row))
+        assert traj.info["success"] is True and traj.num_turns == len(guesses)
+        users = [m["content"] for m in conv[1:] if m["role"] == "user"]
+        assert all(u in ("Higher.", "Lower.") for u in users) and len(users) == len(guesses) - 1
+
+
+def test_python_tool_reference_episode_is_what_the_sandbox_and_reward_give() -> None:
+    from areal_agents.data import arithmetic_dataset
+
+    env = make_env("python-tool", timeout_s=5.0)
+    for row in arithmetic_dataset("test", size=3, ops=["*"], template="{a}{op}{b}=?"):
+        conv = env.reference_conversation(row)
+        assert [m["role"] for m in conv] == ["user", "assistant", "user", "assistant"]
+        obs, _ = env.reset(options=row)
+        assert obs == conv[0]["content"]
+        assert env.step(conv[1]["content"])[0] == conv[2]["content"]  # the sandbox's real output
+        _, reward, terminated, _, info = env.step(conv[3]["content"])
+        assert terminated and reward == 1.0 and info["success"]
+    assert env.reference_conversation({"prompt": "7/2=?", "answer": "3.5", "expression": "7/2", "op": "/"}) is None
+
+
 def test_countdown_feedback() -> None:
     env = make_env("countdown")
     env.reset(options={"numbers": [3, 5, 7], "target": 22})
