@@ -4,7 +4,9 @@ Each estimator shapes the rewards itself (:func:`shape_rewards`) and is called o
 whole batch before it is split into micro-batches. Returns are counted in *units*: one per
 episode for ``credit="trajectory"``, one per turn (a maximal run of generated tokens) for
 ``credit="turn"``. The score of a token is its unit's shaped return plus, with
-``kl_in_reward``, the KL penalty still to come in its sequence (reward-to-go).
+``kl_in_reward``, the KL penalty still to come in its sequence (reward-to-go). GiGPO adds to
+GRPO's advantage a step-level one computed over *step groups*: the turns of a group that act
+in the same env state (``batch["state_ids"]``).
 
 Statistics run in float64; the result has the dtype of ``batch["rewards"]`` promoted to at
 least float32.
@@ -34,11 +36,13 @@ from areal_agents.config import AlgorithmConfig
 __all__ = [
     "dr_grpo_advantages",
     "gae_advantages",
+    "gigpo_advantages",
     "grpo_advantages",
     "reinforce_advantages",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "shape_rewards",
+    "step_advantages",
     "unit_scores",
 ]
 
@@ -101,6 +105,53 @@ def grpo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor
 def dr_grpo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
     """Dr.GRPO: ``A = s - mean_g`` (GRPO without the std division). Returns ``[B, T]``."""
     return grpo_advantages(batch, dataclasses.replace(cfg, group_std_norm=False))
+
+
+def step_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
+    """GiGPO's step-level advantage: ``A_step = (G_t - mean_s) / (std_s + adv_eps)``.
+
+    ``G_t`` is the shaped turn return (``turn_returns``, discounted per turn with the env's
+    ``turn_discount``; the KL reward is left to the episode part); ``s`` is the turn's step
+    group, the turns with the same ``group_ids`` and ``state_ids``, each turn counted once;
+    ``std_s`` the population std (skipped without ``group_std_norm``). A step group of one,
+    or of equal returns, gets 0. Reads ``loss_mask`` ``[B, T]``, ``rewards`` ``[B]``,
+    ``turn_returns`` ``[B, T]``, ``group_ids`` ``[B]``, ``state_ids`` ``[B, T]`` (int; only
+    read inside ``loss_mask``). Returns ``[B, T]`` float64.
+    """
+    mask = get_mask(batch)
+    turn = shape_rewards(batch, dataclasses.replace(cfg, credit="turn")).turn
+    assert turn is not None
+    states = require(batch, "state_ids", "gigpo (step groups)")
+    if states.shape != mask.shape:
+        raise ValueError(f"batch['state_ids'] must have the shape of loss_mask {tuple(mask.shape)}, "
+                         f"got {tuple(states.shape)}")
+    states = torch.where(mask, states.long(), torch.zeros((), dtype=torch.long, device=mask.device))
+    seq_group, _ = group_index(require(batch, "group_ids", "group-baseline estimators"))
+    rows, cols = mask.nonzero(as_tuple=True)  # every generated token, with its turn's return and step group
+    _, step = torch.unique(torch.stack([seq_group[rows], states[rows, cols]]), dim=1, return_inverse=True)
+    values = turn[rows, cols]
+    first = (turn_starts(mask, turn) | turn_starts(mask, states))[rows, cols]  # one token per turn
+    num_steps = int(step.max()) + 1 if step.numel() else 0
+    sums, counts, std = _group_stats(values[first], step[first], num_steps)
+    adv = values - (sums / counts.clamp(min=1))[step]
+    if cfg.group_std_norm:
+        adv = adv / safe_denominator(std[step] + cfg.adv_eps)
+    return torch.zeros_like(turn).index_put((rows, cols), adv)
+
+
+def gigpo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
+    """GiGPO (group-in-group): ``A = A_episode + step_adv_weight * A_step``.
+
+    ``A_episode`` is :func:`grpo_advantages` (episode groups of the same prompt, units as
+    ``credit`` says) and ``A_step`` is :func:`step_advantages` (each turn against the turns of
+    its group from the same env state). ``step_adv_weight = 0`` gives GRPO exactly (and needs
+    no ``state_ids``). Reads what both read. Returns ``[B, T]``.
+    """
+    episode = grpo_advantages(batch, cfg)
+    if cfg.step_adv_weight == 0:
+        return episode
+    step = step_advantages(batch, cfg)
+    return (episode.double() + cfg.step_adv_weight * step).to(episode.dtype)
 
 
 def rloo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:

@@ -28,6 +28,7 @@ __all__ = [
     "DAPO",
     "DECOUPLED_PPO",
     "DR_GRPO",
+    "GIGPO",
     "GRPO",
     "PPO",
     "REINFORCE_PP",
@@ -118,6 +119,14 @@ GRPO = AlgorithmSpec(
     defaults={**_PLAIN, "group_std_norm": True, "loss_agg_mode": "seq-mean-token-mean"},
     description="Group-relative policy optimisation: group-normalised rewards, PPO clip.",
     formula="A_i = (R_i - mean_g R) / (std_g R + eps)",
+)
+GIGPO = AlgorithmSpec(
+    name="gigpo",
+    advantage=_ADV + "gigpo_advantages",
+    defaults={**_PLAIN, "group_std_norm": True, "loss_agg_mode": "seq-mean-token-mean"},
+    description="GRPO's episode advantage plus a step-level one: each turn's return against the group's turns "
+                "from the same env state (algorithm.step_adv_weight).",
+    formula="A = (R - mean_g R) / (std_g R + eps) + w (G_t - mean_s G) / (std_s G + eps), s = turns of g in t's state",
 )
 DR_GRPO = AlgorithmSpec(
     name="dr-grpo",

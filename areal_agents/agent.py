@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from areal_agents.env import Env, Observation
     from areal_agents.llm import LLM
 
-__all__ = ["Agent", "ChatAgent", "EnvStep", "checked_step", "jsonable"]
+__all__ = ["Agent", "ChatAgent", "EnvStep", "checked_step", "env_state_key", "jsonable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -100,6 +100,13 @@ async def checked_step(env: Env, action: str) -> EnvStep:
     return EnvStep(obs, reward, bool(terminated), bool(truncated), info)
 
 
+def env_state_key(info: Any) -> str | None:
+    """The env's name for the state the next turn acts in: ``info["state_key"]`` of its ``reset``
+    or ``step`` as a str, or None (then the llm hashes the observation, :func:`~areal_agents.llm.observation_key`)."""
+    key = info.get("state_key") if isinstance(info, dict) else None
+    return None if key is None else str(key)
+
+
 def _as_messages(obs: Observation) -> list[dict[str, Any]]:
     if isinstance(obs, str):
         return [{"role": "user", "content": obs}]
@@ -118,6 +125,8 @@ class ChatAgent(Agent):
     tool-call markup (``<tool_call>{...}</tool_call>``) included, and the reply's parsed calls go
     into the history's assistant message (``tool_calls``) and ``info["num_tool_calls"]``; an env
     answers a call with an observation of ``tool`` messages (``{"role": "tool", "content": ...}``).
+    Each turn's state key (``Trajectory.state_keys``) is the env's ``info["state_key"]`` from the
+    ``reset`` or ``step`` before it, else a hash of the observation it responds to.
     An exception from the env ends the episode with ``status="env_error"``; a reward failure
     reported by the env (``info["reward_status"]``) sets ``reward_error``/``timeout``; a
     generation aborted by the server sets ``aborted``. The env's ``info["success"]`` is kept;
@@ -163,11 +172,12 @@ class ChatAgent(Agent):
         rewards: list[float] = []
         budget = self.max_tokens
         end_reason = "max_turns"
+        state_key = env_state_key(reset_info)
         for _ in range(self.max_turns):
             per_turn = int(self.sampling.get("max_new_tokens", budget))
             sampling = {**self.sampling, "max_new_tokens": max(1, min(per_turn, budget))}
             before = llm.num_generated
-            text = await llm.chat(messages, tools=tools, **sampling)
+            text = await llm.chat(messages, tools=tools, state_key=state_key, **sampling)
             budget -= llm.num_generated - before
             content, calls = parse_tool_calls(text, names) if tools else (text, [])
             messages.append({"role": "assistant", "content": content or "", **({"tool_calls": calls} if calls else {})})
@@ -186,6 +196,7 @@ class ChatAgent(Agent):
                 end_reason = "max_tokens"
                 break
             messages += _as_messages(step.obs)
+            state_key = env_state_key(step.info)
         info["end_reason"] = end_reason
         if tools:
             info["num_tool_calls"] = num_calls

@@ -335,6 +335,8 @@ class AlgorithmConfig(Section):
     adv_eps: float = f(1e-6, "Epsilon added to std in normalisations.")
     credit: str = f("trajectory", "Multi-turn credit: trajectory (episode return) or turn (per-turn G_t).",
                     one_of("trajectory", "turn"))
+    step_adv_weight: float = f(1.0, "GiGPO (algorithm gigpo): weight w of the step-level advantage, each turn's G_t "
+                                    "normalised among the group's turns from the same env state.", ge(0))
     rebn: bool = f(False, "Return batch normalisation over the batch.")
     gamma: float = f(1.0, "PPO/GAE discount over tokens.", within("(0, 1]"))
     lam: float = f(1.0, "GAE lambda.", within("[0, 1]"))

@@ -152,6 +152,10 @@ class Env(gymnasium.Env):
     ``(observation, reward, terminated, truncated, info)``. :meth:`areset` / :meth:`astep`
     run the sync methods on a thread of their own (:func:`run_in_thread`); override them for
     natively async envs.
+
+    State keys (for GiGPO's step groups): the info of ``reset`` or ``step`` may carry
+    ``"state_key": str``, a name of the state the next turn acts in; turns of one group with
+    equal keys are compared with each other. Without it the agent hashes the observation.
     """
 
     default_dataset: ClassVar[str | None] = None
@@ -352,6 +356,8 @@ def _check_obs(env: Any, obs: Any, info: Any, where: str) -> None:
               "{'role': str, 'content': str} messages")
     if not isinstance(info, dict):
         _fail(env, f"{where} must return info as a dict, got {type(info).__name__}")
+    if not isinstance(info.get("state_key", ""), str):
+        _fail(env, f"{where} returned info['state_key'] of type {type(info['state_key']).__name__}; return a str")
 
 
 def _check_reset(env: Env, out: Any, where: str) -> Observation:

@@ -9,16 +9,17 @@ new messages' tokens, so the trainer sees exactly what was sampled. Backends imp
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from areal_agents.types import Trajectory
 
-__all__ = ["Generation", "LLM", "Tokenizer", "memo", "tokenizer_cache"]
+__all__ = ["Generation", "LLM", "Tokenizer", "memo", "observation_key", "tokenizer_cache", "tokens_key"]
 
 # What a tokenizer has rendered and encoded, shared by the episodes that use it: the 8
 # episodes of a group render and encode the same prompt, and every turn ends with the same
@@ -47,6 +48,25 @@ def memo(cache: dict[tuple[str, str], Any] | None, key: tuple[str, str], compute
                 cache.clear()
             cache[key] = value
     return value
+
+
+def _digest(kind: str, payload: str) -> str:
+    return f"{kind}:{hashlib.blake2b(payload.encode(), digest_size=8).hexdigest()}"
+
+
+def observation_key(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The default state key of a chat turn: a stable hash (the same in every process) of the
+    observation it responds to, the ``role`` and ``content`` of the messages after the last
+    assistant message (for the first turn: the whole prompt, system message included)."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    shown = [[m.get("role"), m.get("content")] for m in messages[last + 1:]]
+    return _digest("obs", json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def tokens_key(ids: Sequence[int]) -> str:
+    """The default state key of a token-level turn (:meth:`LLM.generate`): a stable hash of the
+    token ids it added before generating (for the first turn: the whole prompt)."""
+    return _digest("ids", ",".join(str(int(i)) for i in ids))
 
 
 class Tokenizer(Protocol):
@@ -85,7 +105,7 @@ class LLM(ABC):
     Public API: ``await chat(messages, **sampling) -> str``, ``await generate(input_ids,
     **sampling) -> Generation``, ``to_trajectory(**fields) -> Trajectory``, ``reset()``, and
     the recorded ``input_ids`` / ``loss_mask`` / ``logprobs`` / ``versions`` / ``turn_spans``
-    / ``finish_reasons`` / ``messages`` / ``last_generation``. Non-generated tokens have loss
+    / ``state_keys`` / ``finish_reasons`` / ``messages`` / ``last_generation``. Non-generated tokens have loss
     mask 0, logprob 0.0 and version -1. After a generated chat turn the template's
     end-of-turn text is appended as context (see :meth:`_close_turn`). Subclasses implement
     only :meth:`_generate`.
@@ -143,6 +163,11 @@ class LLM(ABC):
         return list(self._rec.turn_spans)
 
     @property
+    def state_keys(self) -> list[str]:
+        """The state key of each turn, aligned with :attr:`turn_spans` (see :meth:`chat`)."""
+        return list(self._rec.state_keys)
+
+    @property
     def finish_reasons(self) -> list[str]:
         return list(self._finish_reasons)
 
@@ -182,7 +207,7 @@ class LLM(ABC):
         return {k: v for k, v in {**self.default_sampling, **overrides}.items() if v is not None}
 
     # -- token-level API ----------------------------------------------------------------------
-    async def _record_generation(self, sampling: dict[str, Any]) -> Generation:
+    async def _record_generation(self, sampling: dict[str, Any], state_key: str) -> Generation:
         gen = await self._generate(list(self._rec.input_ids), self._sampling(sampling))
         n = len(gen.output_ids)
         if len(gen.logprobs) != n or len(gen.versions) != n:
@@ -191,15 +216,17 @@ class LLM(ABC):
         start = self._rec.num_tokens
         self._rec.append_tokens(gen.output_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
         self._rec.turn_spans.append((start, start + n))
+        self._rec.state_keys.append(state_key)
         self._finish_reasons.append(gen.finish_reason)
         self.last_generation = gen
         return gen
 
-    async def generate(self, input_ids: list[int], **sampling: Any) -> Generation:
+    async def generate(self, input_ids: list[int], *, state_key: str | None = None, **sampling: Any) -> Generation:
         """Complete ``input_ids`` and record the result (for token-level agents).
 
         ``input_ids`` must extend the tokens recorded so far (the first call may pass anything):
         the new tail is recorded as context (loss mask 0) and the output as generated tokens.
+        ``state_key`` names the env state of this turn (default: :func:`tokens_key` of the new tail).
         """
         ids = [int(i) for i in input_ids]
         n = self._rec.num_tokens
@@ -207,7 +234,7 @@ class LLM(ABC):
             raise ValueError(f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
                              "(extend the sequence, or call llm.reset() to start a new episode)")
         self._rec.append_tokens(ids[n:], generated=False)
-        return await self._record_generation(sampling)
+        return await self._record_generation(sampling, tokens_key(ids[n:]) if state_key is None else state_key)
 
     # -- chat API ---------------------------------------------------------------------------
     def _turn_end_text(self) -> str:
@@ -247,7 +274,7 @@ class LLM(ABC):
         self._rec.append_tokens(self._encode(end), generated=False)
 
     async def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                   prefix: str = "", **sampling: Any) -> str:
+                   prefix: str = "", state_key: str | None = None, **sampling: Any) -> str:
         """Reply to ``messages`` (OpenAI-style dicts) and record the exact tokens.
 
         ``tools`` (OpenAI function specs) are passed to the chat template; they are fixed by
@@ -260,6 +287,10 @@ class LLM(ABC):
         plus new messages; only the rendered text of the new messages is tokenized and
         appended, never the earlier turns. Sampling keywords use SGLang names
         (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop``, ``stop_token_ids``).
+
+        ``state_key`` names the env state this turn acts in (recorded in ``state_keys``; GiGPO
+        compares the turns of a group with equal keys); default: :func:`observation_key` of
+        ``messages``, so turns that respond to the same observation share a key.
         """
         messages = [dict(m) for m in messages]
         n = len(self._messages)
@@ -280,7 +311,7 @@ class LLM(ABC):
         self._rec.append_tokens(self._encode(text), generated=False)
         self._messages += messages[n:]
         self._rec.append_tokens(self._encode(prefix), generated=False)
-        gen = await self._record_generation(sampling)
+        gen = await self._record_generation(sampling, observation_key(messages) if state_key is None else state_key)
         text = prefix + self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=True)
         self._close_turn(gen)
         self._messages.append({"role": "assistant", "content": text})

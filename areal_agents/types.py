@@ -44,7 +44,10 @@ class Trajectory:
 
     Token-aligned lists all have ``len(input_ids)`` entries. ``turn_spans[t] = (start, end)``
     are the token positions the LLM generated at turn ``t`` (``end`` exclusive), so
-    ``loss_mask[start:end]`` is 1 there and 0 on prompt and env tokens.
+    ``loss_mask[start:end]`` is 1 there and 0 on prompt and env tokens. ``state_keys[t]`` names
+    the env state turn ``t`` acted in (its *anchor state*; see :meth:`areal_agents.llm.LLM.chat`):
+    turns of one group with equal keys are compared with each other by GiGPO. ``""`` (or a list
+    not aligned with ``turn_spans``, as in files written before the field existed) means unknown.
     """
 
     input_ids: list[int] = field(default_factory=list)
@@ -54,6 +57,7 @@ class Trajectory:
     turn_rewards: list[float] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turn_returns: list[float] = field(default_factory=list)
+    state_keys: list[str] = field(default_factory=list)
     reward: float = 0.0
     status: str = "ok"
     info: dict[str, Any] = field(default_factory=dict)
@@ -143,6 +147,7 @@ class Trajectory:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         traj = cls(**known)
         traj.turn_spans = [(int(a), int(b)) for a, b in traj.turn_spans]
+        traj.state_keys = ["" if k is None else str(k) for k in traj.state_keys]
         traj.segments = [s if isinstance(s, Trajectory) else cls.from_dict(s) for s in traj.segments]
         return traj
 

@@ -46,14 +46,31 @@ def _generated_returns(traj: Trajectory, n: int) -> list[float]:
     return out
 
 
+def _state_ids(traj: Trajectory, n: int, group: str, table: dict[tuple[str, str | int], int]) -> list[int]:
+    """Per-token step-group id: each generated token of turn ``k`` gets the id of ``(group,
+    state_keys[k])`` in ``table`` (added in order of first appearance), -1 elsewhere. A turn
+    without a key (``""``, or ``state_keys`` not aligned with ``turn_spans``) gets an id of its own."""
+    out = [-1] * n
+    keys = traj.state_keys if traj.turn_spans and len(traj.state_keys) == len(traj.turn_spans) else []
+    for k, (start, end) in enumerate(traj.turn_spans or [(0, n)]):
+        key = keys[k] if k < len(keys) and keys[k] else len(table)  # a fresh int: an id of its own
+        sid = table.setdefault((group, key), len(table))
+        for t in range(start, end):
+            if traj.loss_mask[t]:
+                out[t] = sid
+    return out
+
+
 def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
     """Right-padded tensors for ``trajs``.
 
     Returns ``input_ids`` [B,T] long, ``attention_mask`` [B,T] long, ``loss_mask`` [B,T] bool,
     ``logprobs`` [B,T] float32, ``versions`` [B,T] long (-1 where not generated),
-    ``turn_returns`` [B,T] float32, ``rewards`` [B] float32, ``group_ids`` [B] long (groups
-    numbered by first appearance), ``no_eos`` [B] bool (finish_reason == "length"),
-    ``response_lengths`` [B] long (generated tokens), ``seq_lens`` [B] long.
+    ``turn_returns`` [B,T] float32, ``state_ids`` [B,T] long (each generated token's step
+    group: the turns of one group with the same state key share an id, unique within the batch;
+    -1 where not generated), ``rewards`` [B] float32, ``group_ids`` [B] long (groups numbered by
+    first appearance), ``no_eos`` [B] bool (finish_reason == "length"), ``response_lengths`` [B]
+    long (generated tokens), ``seq_lens`` [B] long.
     """
     if not trajs:
         raise ValueError("cannot collate an empty list of trajectories")
@@ -79,6 +96,9 @@ def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:
     out["attention_mask"] = (torch.arange(t_max)[None, :] < torch.tensor(lens)[:, None]).long()
     keys = [tr.group_id or f"__single{i}" for i, tr in enumerate(trajs)]
     groups = {key: g for g, key in enumerate(dict.fromkeys(keys))}  # numbered by first appearance
+    states: dict[tuple[str, str | int], int] = {}
+    out["state_ids"] = padded([_state_ids(tr, n, key, states) for tr, n, key in zip(trajs, lens, keys, strict=True)],
+                              -1, torch.long)
     out["versions"][~out["loss_mask"]] = -1
     out["rewards"] = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
     out["group_ids"] = torch.tensor([groups[key] for key in keys])
@@ -122,7 +142,7 @@ def concat_batches(parts: Sequence[Mapping[str, torch.Tensor]], pad_token_id: in
         for p in parts:
             v, t = p[key], int(p["input_ids"].shape[1])
             if v.dim() >= 2 and v.shape[1] == t and t < t_max:
-                fill = pad_token_id if key == "input_ids" else (-1 if key == "versions" else 0)
+                fill = pad_token_id if key == "input_ids" else (-1 if key in ("versions", "state_ids") else 0)
                 pad = torch.full((v.shape[0], t_max - t, *v.shape[2:]), fill, dtype=v.dtype)
                 v = torch.cat([v, pad], 1)
             vals.append(v)

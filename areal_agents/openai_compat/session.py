@@ -38,7 +38,8 @@ _PROBE = '{"zq7probe": 1}'  # arguments no template writes by itself
 class CallRecord:
     """One completion as sampled: the exact prompt and output tokens, behaviour logprobs,
     the weight version of each output token and the server's finish reason
-    (``stop``/``length``/``abort``); ``index`` orders the episode's completions."""
+    (``stop``/``length``/``abort``); ``index`` orders the episode's completions; ``state_key``
+    is the default key of the observation it answered (:func:`~areal_agents.llm.observation_key`)."""
 
     index: int
     prompt_ids: list[int]
@@ -47,6 +48,7 @@ class CallRecord:
     versions: list[int]
     finish_reason: str
     request_id: str = ""
+    state_key: str = ""
 
 
 class _ChainLLM(LLM):
@@ -203,7 +205,7 @@ class ChatSession:
             self.records.append(CallRecord(
                 index=len(self.records), prompt_ids=fork.input_ids[:start], completion_ids=list(gen.output_ids),
                 logprobs=list(gen.logprobs), versions=list(gen.versions), finish_reason=gen.finish_reason,
-                request_id=request_id))
+                request_id=request_id, state_key=fork.state_keys[-1]))
             if self.remember:
                 reply = {"role": "assistant", "content": content or "", "tool_calls": calls}
                 self._tips.append(_Tip(fork, [*req.messages, reply], req.tools))

@@ -39,6 +39,7 @@ def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float)
         start = target.num_tokens
         target.append_tokens(rec.completion_ids, generated=True, logprobs=rec.logprobs, versions=rec.versions)
         target.turn_spans.append((start, target.num_tokens))
+        target.state_keys.append(rec.state_key)
         target.info["calls"].append(rec.index)
         target.finish_reason = rec.finish_reason
     order = {r.index: i for i, r in enumerate(ordered)}

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.advantages import gae_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages
+from algorithms.advantages import (
+    gae_advantages,
+    gigpo_advantages,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from algorithms.losses import LossNorm, ppo_loss
 from areal_agents.config import AlgorithmConfig
 
@@ -32,6 +40,7 @@ def random_batch(seed: int, bsz: int = 7, width: int = 6) -> dict[str, torch.Ten
         "rewards": torch.rand(bsz, generator=g, dtype=D),
         "group_ids": torch.arange(bsz) // 3,
         "turn_returns": torch.rand(bsz, width, generator=g, dtype=D),
+        "state_ids": torch.randint(0, 3, (bsz, width), generator=g),
     }
 
 
@@ -136,11 +145,12 @@ def test_masked_out_values_never_change_advantages(seed: int, fill: float, credi
     mask = batch["loss_mask"]
     cfg = AlgorithmConfig(use_decoupled_loss=False, kl_ctl=0.1, kl_in_reward=True, credit=credit)
     keys = ("logprobs", "prox_logp", "ref_logp", "values", "turn_returns")
-    fns = [grpo_advantages, rloo_advantages, reinforce_pp_advantages]
+    fns = [grpo_advantages, rloo_advantages, reinforce_pp_advantages, gigpo_advantages]
     if credit == "trajectory":
         fns.append(gae_advantages)
     for fn in fns:
         clean, dirty = dict(batch), scramble(batch, mask, fill, keys)
+        dirty["state_ids"] = torch.where(mask, batch["state_ids"], int(fill) % 3 if math.isfinite(fill) else 7)
         a, b = fn(clean, cfg), fn(dirty, cfg)
         assert torch.equal(a, b), fn.__name__
         assert torch.equal(a[~mask], torch.zeros_like(a[~mask])), fn.__name__

@@ -17,7 +17,7 @@ from areal_agents.config import ConfigError
 from areal_agents.config_loader import load_config
 from areal_agents.registry import algorithms
 
-BUILTINS = ("grpo", "dr-grpo", "dapo", "rloo", "reinforce++", "ppo", "decoupled-ppo")
+BUILTINS = ("grpo", "dr-grpo", "dapo", "rloo", "reinforce++", "ppo", "decoupled-ppo", "gigpo")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -53,6 +53,25 @@ def test_defaults_sit_under_user_values() -> None:
     with pytest.raises(ConfigError, match="algorithm.overlong_tokens: must be >= 1"):
         load_config(overrides=["algorithm.overlong_tokens=0"])
     assert get_algorithm("grpo").needs_reference(load_config(overrides=["algorithm.kl_ctl=0.1"]).algorithm)
+    gigpo = load_config(overrides=["algorithm.name=gigpo"]).algorithm
+    assert (gigpo.group_std_norm, gigpo.step_adv_weight, gigpo.credit, gigpo.use_decoupled_loss) == (
+        True, 1.0, "trajectory", False)
+    assert load_config(overrides=["algorithm.name=gigpo", "algorithm.step_adv_weight=0.5"]).algorithm.step_adv_weight \
+        == 0.5
+    with pytest.raises(ConfigError, match="algorithm.step_adv_weight: must be >= 0"):
+        load_config(overrides=["algorithm.step_adv_weight=-1"])
+
+
+def test_pyproject_registers_every_builtin_spec() -> None:
+    import algorithms.specs as specs
+
+    section = (ROOT / "pyproject.toml").read_text().split('[project.entry-points."areal_agents.algorithms"]')[1]
+    lines = [line for line in section.split("\n[")[0].splitlines() if "=" in line]  # no tomllib on Python 3.10
+    declared = {k.strip().strip('"'): v.strip().strip('"') for k, v in (line.split("=", 1) for line in lines)}
+    assert set(declared) == set(BUILTINS)
+    for name, target in declared.items():
+        module, attr = target.split(":")
+        assert module == "algorithms.specs" and getattr(specs, attr).name == name
 
 
 def test_bad_specs_are_rejected() -> None:
@@ -78,6 +97,7 @@ def synthetic_batch(bsz: int = 6, width: int = 5) -> dict[str, torch.Tensor]:
         "rewards": torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]),
         "turn_returns": torch.where(mask, 0.5, 0.0),
         "group_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
+        "state_ids": torch.where(mask, torch.arange(width) % 2, -1),
         "no_eos": torch.tensor([False, False, True, False, False, False]),
         "response_lengths": mask.sum(-1),
     }

@@ -14,6 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_support import ADD_TOOL, build_model, load_tokenizer
 
 from areal_agents.inference.tiny_model import CHAT_TEMPLATE
+from areal_agents.llm import observation_key
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession
@@ -124,6 +125,8 @@ def test_tool_call_reply_then_tool_result_extends_the_tokens(tokenizer: Any) -> 
     assert traj.versions == [3 if m else -1 for m in traj.loss_mask]
     assert traj.turn_rewards == [0.0, 1.0] and traj.turn_returns == [0.5, 1.0] and traj.reward == 0.5
     assert "<tools>" in tokenizer.decode(traj.input_ids[:traj.turn_spans[0][0]])
+    # each turn's state key hashes what it answered (the tool result, whatever its call id)
+    assert traj.state_keys == [observation_key(USER), observation_key([{"role": "tool", "content": "5"}])]
 
 
 def test_rewritten_history_gives_one_trajectory_per_call_with_the_turn_discount(tokenizer: Any) -> None:
@@ -160,6 +163,10 @@ def test_n_choices_are_separate_until_one_is_continued(tokenizer: Any) -> None:
     assert r2.prompt_ids[:len(r1.prompt_ids) + len(r1.completion_ids)] == r1.prompt_ids + r1.completion_ids
     trajs = assemble(session.records, 1.0, 1.0)
     assert [t.info["calls"] for t in trajs] == [[0], [1, 2]]
+    # the n choices answered the same observation: one state key
+    assert r0.state_key == r1.state_key == observation_key(USER) != r2.state_key
+    assert [t.state_keys for t in trajs] == [[r0.state_key], [r1.state_key, observation_key([{"role": "user",
+                                                                                            "content": "?"}])]]
 
 
 def test_in_process_client_returns_the_official_types(tokenizer: Any) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,52 @@ def test_collate_fields() -> None:
     s = select(b, [1])
     assert s["input_ids"].shape == (1, 3) and s["rewards"].tolist() == [0.5]
     assert torch.equal(concat_batches([select(b, [0]), s], pad_token_id=99)["input_ids"], b["input_ids"])
+
+
+def test_state_ids_share_a_step_group_within_a_group_only() -> None:
+    def traj(group: str, keys: list[str]) -> Trajectory:
+        # prompt token, then per turn one generated token and one env token
+        n = 1 + 2 * len(keys)
+        return Trajectory(input_ids=[1] * n, loss_mask=[0] + [1, 0] * len(keys), logprobs=[0.0] * n,
+                          versions=[-1] + [0, -1] * len(keys), turn_spans=[(1 + 2 * k, 2 + 2 * k) for k in
+                                                                           range(len(keys))],
+                          state_keys=keys, group_id=group)
+
+    b = collate([traj("g", ["P", "X"]), traj("g", ["P", "X", "X"]), traj("h", ["P"]), traj("g", ["P", ""])])
+    ids = b["state_ids"].tolist()
+    p, x, hp = ids[0][1], ids[0][3], ids[2][1]
+    assert ids[0] == [-1, p, -1, x, -1, -1, -1] and ids[1] == [-1, p, -1, x, -1, x, -1]  # padded with -1
+    assert hp != p and len({p, x, hp}) == 3  # the same key in another group is another step group
+    assert ids[3][1] == p and ids[3][3] not in (p, x, hp) and ids[3][3] >= 0  # "" (unknown): a group of its own
+    # keys not aligned with the turns (as a file written before state keys existed): every turn on its own
+    old = collate([traj("g", ["P", "X"]), replace(traj("g", ["P", "X"]), state_keys=[])])["state_ids"]
+    assert old[1, 1] != old[0, 1] and old[1, 3] != old[0, 3] and old[1, 1] != old[1, 3]
+    ends = concat_batches([select(b, [2]), select(b, [1])])["state_ids"]
+    assert ends[0].tolist() == [-1, hp, -1, -1, -1, -1, -1]  # a shorter part is padded with -1
+
+
+def test_recorded_keys_reach_the_step_advantage() -> None:
+    """Two episodes of one prompt through the real ChatAgent: their retries share a state."""
+    from algorithms.advantages import step_advantages
+    from areal_agents import ChatAgent
+    from areal_agents.config import AlgorithmConfig
+    from areal_agents.testing import ScriptedLLM
+    from envs.math_multiturn import MultiTurnMathEnv
+
+    row = {"prompt": "1+1=", "answer": "2"}
+    agent = ChatAgent(max_turns=3, turn_discount=0.5)
+    trajs = [asyncio.run(agent.run(MultiTurnMathEnv(max_turns=3), ScriptedLLM(replies), row))
+             for replies in (["3", "2"], ["4", "5", "2"])]
+    for t in trajs:
+        t.group_id = "row0"
+    assert [t.turn_returns for t in trajs] == [[0.5, 1.0], [0.25, 0.5, 1.0]]
+    b = collate(trajs)
+    starts = [[b["state_ids"][i, s].item() for s, _ in t.turn_spans] for i, t in enumerate(trajs)]
+    assert starts[0][0] == starts[1][0] and starts[0][1] == starts[1][1] == starts[1][2] != starts[0][0]
+    adv = step_advantages(b, AlgorithmConfig(use_decoupled_loss=False, group_std_norm=False))
+    # first turns: .5 vs .25 -> +-.125; retries ("Wrong, try again."): 1, .5, 1 -> mean 5/6
+    got = [[adv[i, s].item() for s, _ in t.turn_spans] for i, t in enumerate(trajs)]
+    assert got == [pytest.approx([0.125, 1 / 6]), pytest.approx([-0.125, -1 / 3, 1 / 6])]
 
 
 def test_collate_rejects_bad_trajectories() -> None:
