@@ -75,16 +75,24 @@ class GuessNumberEnv(TurnLimitedEnv):
         row.setdefault("low", 1)
         row.setdefault("high", 100)
         row.setdefault("prompt", f"Guess my number ({row['low']}-{row['high']}).")
+        self.left = (int(row["low"]), int(row["high"]))  # what the feedback so far leaves possible
         return str(row["prompt"])
 
     def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
         numbers = _INT.findall(action)
         if not numbers:
-            return "Reply with one number.", 0.0, False, {}
+            return "Reply with one number.", 0.0, False, {"state_key": self._state_key()}
         guess, target = _guess(numbers[-1]), int(row["target"])
         if guess == target:
             return "", 1.0 - 0.5 * (self.turn - 1) / self.max_turns, True, {"success": True}
-        return ("Higher." if guess < target else "Lower."), 0.0, False, {}
+        low, high = self.left
+        self.left = (max(low, guess + 1), high) if guess < target else (low, min(high, guess - 1))
+        return ("Higher." if guess < target else "Lower."), 0.0, False, {"state_key": self._state_key()}
+
+    def _state_key(self) -> str:
+        """The state the next guess acts in (for step-level credit, ``algorithm.name=gigpo``): the
+        numbers still possible; "Higher." alone would not tell two points of the game apart."""
+        return f"{self.left[0]}-{self.left[1]}"
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         """The bisection opening: the middle of the range."""
