@@ -7,21 +7,33 @@ Every term is a sum over the micro-batch divided by a denominator of the WHOLE b
 gives exactly the full-batch value for every ``loss_agg_mode``. Metrics are token-weighted
 sums divided by ``norm.tokens`` (``train/loss``, ``train/pg_loss`` and ``train/value_loss``
 are the aggregated loss terms themselves): sum them over micro-batches and ranks, never
-average them.
+average them. The exceptions are named ``*_max`` / ``*_min`` (extremes over the micro-batch):
+reduce those with max / min (:func:`metric_reduction`, :func:`combine_metrics`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from algorithms.functional import get_mask, kl_estimate, require, token_tensor
+from algorithms.importance import WEIGHT_METRIC_NAMES, behave_importance_weights, weight_metrics
 from areal_agents.config import AlgorithmConfig
 
-__all__ = ["AGG_MODES", "METRIC_NAMES", "LossNorm", "aggregate", "ppo_loss", "value_loss"]
+__all__ = [
+    "AGG_MODES",
+    "METRIC_NAMES",
+    "LossNorm",
+    "aggregate",
+    "combine_metrics",
+    "metric_reduction",
+    "ppo_loss",
+    "value_loss",
+]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 METRIC_NAMES = (
@@ -32,10 +44,31 @@ METRIC_NAMES = (
     "train/approx_kl",
     "train/imp_weight_mean",
     "train/imp_weight_capped_frac",
+    *WEIGHT_METRIC_NAMES,
     "train/entropy",
     "train/kl_ref",
     "train/value_loss",
 )
+
+
+def metric_reduction(name: str) -> str:
+    """How the values of metric ``name`` from several micro-batches (or ranks) combine:
+    ``max`` for a name ending in ``_max``, ``min`` for ``_min``, else ``sum``."""
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "sum"
+
+
+def combine_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """The metrics of a whole batch from those of its micro-batches (:func:`metric_reduction`)."""
+    ops: dict[str, Callable[[float, float], float]] = {"sum": operator.add, "max": max, "min": min}
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = ops[metric_reduction(k)](out[k], float(v)) if k in out else float(v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,10 +146,13 @@ def ppo_loss(
     """PPO clipped surrogate (asymmetric clip, dual clip), optionally AReaL-decoupled.
 
     ``r = exp(logp - old)``; ``pg = max(-A r, -A clip(r, 1 - eps_clip, 1 + eps_clip_high))``;
-    with ``c_clip`` and ``A < 0``: ``pg = min(pg, -c_clip A)``. Decoupled
-    (``use_decoupled_loss``): ``old = prox_logp`` and ``pg *= w``, ``w = exp(prox_logp -
-    logprobs)``, with ``w = 0`` on tokens where ``w > behav_imp_weight_cap``. Otherwise
-    ``old`` is ``prox_logp`` if ``recompute_logprob`` and present, else ``logprobs``.
+    with ``c_clip`` and ``A < 0``: ``pg = min(pg, -c_clip A)``. Mismatch correction
+    (``cfg.imp_weight_mode`` token or sequence): ``pg *= w``, the detached behaviour weight of
+    :func:`~algorithms.importance.behave_importance_weights` from ``prox_logp`` vs
+    ``logprobs``, capped at ``behav_imp_weight_cap`` by ``behave_imp_weight_correction``.
+    Decoupled (``use_decoupled_loss``) is its token-level case (by default masking: ``w = 0``
+    where ``w > cap``) with ``old = prox_logp``. Otherwise ``old`` is ``prox_logp`` if
+    ``recompute_logprob`` and present (always with a correction), else ``logprobs``.
     Adds ``kl_ctl * KL(pi || ref)`` (unless ``kl_in_reward``), ``-entropy_coef * H`` and,
     when ``values`` is given, :func:`value_loss` (the critic has its own parameters).
 
@@ -135,8 +171,11 @@ def ppo_loss(
 
     adv = tok("advantages", "the policy loss")
     behav = tok("logprobs", "the policy loss")
+    mode = cfg.imp_weight_mode
     if cfg.use_decoupled_loss:
         old = tok("prox_logp", "the decoupled loss (algorithm.use_decoupled_loss)")
+    elif mode != "none":
+        old = tok("prox_logp", f"the mismatch correction (algorithm.behave_imp_weight_mode={mode})")
     elif cfg.recompute_logprob and "prox_logp" in batch:
         old = tok("prox_logp", "the policy loss")
     else:
@@ -153,15 +192,15 @@ def ppo_loss(
         dual = (adv < 0) & (pg > bound)
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
         stats["train/dual_clip_frac"] = aggregate(dual.to(dtype), mask, "token-mean", norm)
-    if cfg.use_decoupled_loss:
-        weight = torch.exp(old - behav).detach()
-        zero = torch.zeros_like(weight)
-        if cfg.behav_imp_weight_cap is not None:
-            capped = mask & (weight > cfg.behav_imp_weight_cap)
-            weight = torch.where(capped, zero, weight)
-            stats["train/imp_weight_capped_frac"] = aggregate(capped.to(dtype), mask, "token-mean", norm)
+    if mode != "none":
+        cap = cfg.behav_imp_weight_cap
+        weight, capped = behave_importance_weights(old, behav, mask, mode, cfg.behave_imp_weight_correction, cap)
         pg = pg * weight
-        stats["train/imp_weight_mean"] = aggregate(weight, mask, "token-mean", norm)
+        stats.update(weight_metrics(weight, capped, mask, norm.tokens))
+        if cfg.use_decoupled_loss:  # the names the decoupled loss has always logged
+            stats["train/imp_weight_mean"] = stats["train/behave_imp_weight"]
+            if cap is not None:
+                stats["train/imp_weight_capped_frac"] = stats["train/behave_imp_weight_capped_frac"]
     stats["train/approx_kl"] = aggregate((ratio - 1.0 - log_ratio).detach(), mask, "token-mean", norm)
     pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, norm)
     loss = pg_loss

@@ -31,6 +31,8 @@ __all__ = [
     "EnvConfig",
     "EvalConfig",
     "ExperimentConfig",
+    "IMP_WEIGHT_CORRECTIONS",
+    "IMP_WEIGHT_MODES",
     "InferenceConfig",
     "LoggingConfig",
     "LoraConfig",
@@ -49,6 +51,8 @@ __all__ = [
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
+IMP_WEIGHT_MODES = ("auto", "none", "token", "sequence")
+IMP_WEIGHT_CORRECTIONS = ("mask", "truncate")
 SGLANG_MIN_VERSION = "0.4.9.post2"
 
 
@@ -323,8 +327,16 @@ class AlgorithmConfig(Section):
     c_clip: float | None = f(None, "Dual-clip constant bounding negative-advantage losses.", gt(1))
     use_decoupled_loss: bool = f(True, "AReaL decoupled PPO: ratio against proximal logprobs.")
     recompute_logprob: bool = f(True, "Recompute proximal logprobs with the current weights before training.")
-    behav_imp_weight_cap: float | None = f(5.0, "Mask tokens whose behaviour importance weight exceeds this "
-                                                "(None: no cap).", gt(1))
+    behav_imp_weight_cap: float | None = f(5.0, "Cap C of the behaviour importance weight (trainer vs inference "
+                                                "server logprobs); a weight above it is masked or truncated, see "
+                                                "behave_imp_weight_correction (None: no cap).", gt(1))
+    behave_imp_weight_mode: str = f("auto", "Rollout-trainer mismatch correction: multiply each token's policy "
+                                            "gradient by w = exp(prox_logp - logprobs) per token, or by one weight "
+                                            "per sequence (exp of the sum over its generated tokens); none disables; "
+                                            "auto: token with use_decoupled_loss, else none.", one_of(*IMP_WEIGHT_MODES))
+    behave_imp_weight_correction: str = f("mask", "A weight above behav_imp_weight_cap: mask zeroes it (the token, "
+                                                  "or the whole sequence), truncate clips it to the cap.",
+                                          one_of(*IMP_WEIGHT_CORRECTIONS))
     kl_ctl: float = f(0.0, "KL-to-reference coefficient; 0 disables the reference model.", ge(0))
     kl_estimator: str = f("k3", "KL estimator.", one_of("k1", "k2", "k3"))
     kl_in_reward: bool = f(False, "Apply KL as a token reward penalty instead of a loss term.")
@@ -352,10 +364,29 @@ class AlgorithmConfig(Section):
     )
     ppo_n_minibatches: int = f(1, "Optimiser steps per training batch.", ge(1))
 
+    @property
+    def imp_weight_mode(self) -> str:
+        """``behave_imp_weight_mode`` with auto resolved: token under the decoupled loss, else none."""
+        if self.behave_imp_weight_mode != "auto":
+            return self.behave_imp_weight_mode
+        return "token" if self.use_decoupled_loss else "none"
+
     def rules(self) -> list[tuple[bool, str, str]]:
-        return [(not self.use_decoupled_loss or self.recompute_logprob, "recompute_logprob",
-                 "the decoupled loss needs proximal logprobs: set algorithm.recompute_logprob=true "
-                 "(or algorithm.use_decoupled_loss=false)")]
+        mode, cap = self.imp_weight_mode, self.behav_imp_weight_cap
+        return [
+            (not self.use_decoupled_loss or self.recompute_logprob, "recompute_logprob",
+             "the decoupled loss needs proximal logprobs: set algorithm.recompute_logprob=true "
+             "(or algorithm.use_decoupled_loss=false)"),
+            (not (self.use_decoupled_loss and mode == "none"), "behave_imp_weight_mode",
+             "none contradicts use_decoupled_loss=true, whose behaviour weight this is: set token or sequence "
+             "(or algorithm.use_decoupled_loss=false for PPO against the recomputed logprobs)"),
+            (mode == "none" or self.recompute_logprob, "behave_imp_weight_mode",
+             f"{mode} needs the trainer's own logprobs: set algorithm.recompute_logprob=true"),
+            (mode != "sequence" or cap is not None, "behav_imp_weight_cap",
+             "behave_imp_weight_mode=sequence needs a cap (a product of per-token ratios has no useful bound)"),
+            (mode == "none" or self.behave_imp_weight_correction != "truncate" or cap is not None,
+             "behav_imp_weight_cap", "behave_imp_weight_correction=truncate needs a cap to truncate at"),
+        ]
 
 
 @dataclass

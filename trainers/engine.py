@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from algorithms.losses import LossNorm
+from algorithms.losses import LossNorm, combine_metrics, metric_reduction
 from areal_agents.config import ExperimentConfig
 from areal_agents.registry import algorithms
 from areal_agents.types import Trajectory
@@ -327,7 +327,9 @@ class TrainEngine:
         is one. Rows are split into ``n_minibatches`` (default ``algorithm.ppo_n_minibatches``)
         strided minibatches. Returns metrics averaged over minibatches: ``loss`` (full-batch),
         ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``n_mbs``, ``pad_ratio`` and the loss
-        function's metrics summed over micro-batches and ranks (they are globally normalised).
+        function's metrics summed over micro-batches and ranks (they are globally normalised),
+        but for names ending in ``_max`` / ``_min``: the max / min over micro-batches, ranks
+        and minibatches (:func:`algorithms.losses.metric_reduction`).
         """
         batch = self.to_batch(data)
         n = n_minibatches or self.cfg.algorithm.ppo_n_minibatches
@@ -337,7 +339,11 @@ class TrainEngine:
         chunks = [list(range(i, b, n)) for i in range(n)] if n > 1 else [list(range(b))]
         results = [self._train_minibatch(batch if n == 1 else select(batch, c), loss_fn, temperature)
                    for c in chunks if c]
-        return {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+        out: dict[str, float] = {}
+        for k in results[0]:
+            values, op = [r[k] for r in results], metric_reduction(k)
+            out[k] = max(values) if op == "max" else min(values) if op == "min" else sum(values) / len(values)
+        return out
 
     def _needs_prox(self) -> bool:
         return self.cfg.algorithm.use_decoupled_loss or self.cfg.algorithm.recompute_logprob
@@ -348,7 +354,7 @@ class TrainEngine:
         norm = self.loss_norm(batch, mine)
         grad_entropy = self.cfg.algorithm.entropy_coef > 0
         total_loss = 0.0
-        sums: dict[str, float] = {}
+        parts: list[Mapping[str, Any]] = []
         real = padded = 0
         for rows in mbs:
             if not rows:  # keep collectives in step with ranks that have more micro-batches
@@ -369,22 +375,28 @@ class TrainEngine:
             loss, metrics = loss_fn(logp, mb_dev, self.cfg.algorithm, norm, entropy=ent, values=values)
             (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
             total_loss += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach() if isinstance(v, torch.Tensor) else v)
+            parts.append({k: float(v.detach() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()})
             real += int(mb["attention_mask"].sum())
             padded += int(mb["input_ids"].numel())
         lr = self.actor.scheduler.get_last_lr()[0] if self.actor.scheduler else 0.0
         grad_norm = self.actor.clip_and_step(self.cfg.actor.max_grad_norm)
         extra = {"critic/grad_norm": self.critic.clip_and_step(self.cfg.actor.max_grad_norm)} if self.critic else {}
         self.step += 1
-        keys = sorted(sums)
+        sums = combine_metrics(parts)
+        keys = sorted(k for k in sums if metric_reduction(k) == "sum")
         red = self._all_reduce(torch.tensor([total_loss, float(real), float(padded), *(sums[k] for k in keys)],
                                             dtype=torch.float64))
+        # extremes in one MAX all-reduce, the minima negated
+        ext = sorted(k for k in sums if metric_reduction(k) != "sum")
+        sign = [1.0 if metric_reduction(k) == "max" else -1.0 for k in ext]
+        top = self._all_reduce(torch.tensor([s * sums[k] for s, k in zip(sign, ext, strict=True)],
+                                            dtype=torch.float64), dist.ReduceOp.MAX).tolist() if ext else []
         out = {"loss": float(red[0]), "grad_norm": grad_norm, "lr": lr, "n_tokens": norm.tokens,
                "n_seqs": norm.seqs, "n_mbs": float(len(mbs)),
                "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])),
                "skipped_step": float(not math.isfinite(grad_norm)), **extra}
-        return {**out, **dict(zip(keys, red[3:].tolist(), strict=True))}
+        return {**out, **dict(zip(keys, red[3:].tolist(), strict=True)),
+                **{k: s * v for s, k, v in zip(sign, ext, top, strict=True)}}
 
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:

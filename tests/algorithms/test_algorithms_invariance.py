@@ -16,7 +16,7 @@ from algorithms.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
-from algorithms.losses import LossNorm, ppo_loss
+from algorithms.losses import LossNorm, combine_metrics, ppo_loss
 from areal_agents.config import AlgorithmConfig
 
 D = torch.float64
@@ -44,10 +44,15 @@ def random_batch(seed: int, bsz: int = 7, width: int = 6) -> dict[str, torch.Ten
     }
 
 
-def full_cfg(mode: str, decoupled: bool = True) -> AlgorithmConfig:
+# behave_imp_weight_mode / _correction: the default (token + mask under the decoupled loss, else none) and two more
+WEIGHTINGS = (("auto", "mask"), ("sequence", "truncate"), ("token", "truncate"))
+
+
+def full_cfg(mode: str, decoupled: bool = True, weighting: tuple[str, str] = WEIGHTINGS[0]) -> AlgorithmConfig:
     return AlgorithmConfig(
         use_decoupled_loss=decoupled, recompute_logprob=True, behav_imp_weight_cap=1.5, c_clip=2.0,
         eps_clip_high=0.3, kl_ctl=0.1, entropy_coef=0.01, loss_agg_mode=mode,
+        behave_imp_weight_mode=weighting[0], behave_imp_weight_correction=weighting[1],
     )
 
 
@@ -58,11 +63,12 @@ def run_loss(batch: dict[str, torch.Tensor], rows: list[int], cfg: AlgorithmConf
     return ppo_loss(logp[idx], mb, cfg, norm, entropy=entropy[idx], values=values[idx])
 
 
-@pytest.mark.parametrize(("mode", "decoupled"), [(m, d) for m in MODES for d in (True, False)])
-def test_summing_micro_batches_equals_full_batch(mode: str, decoupled: bool) -> None:
+@pytest.mark.parametrize(("mode", "decoupled", "weighting"),
+                         [(m, d, w) for m in MODES for d in (True, False) for w in WEIGHTINGS])
+def test_summing_micro_batches_equals_full_batch(mode: str, decoupled: bool, weighting: tuple[str, str]) -> None:
     batch = random_batch(3)
     bsz = batch["loss_mask"].shape[0]
-    cfg = full_cfg(mode, decoupled)
+    cfg = full_cfg(mode, decoupled, weighting)
     norm = LossNorm.from_batch(batch, max_len=6)
     g = torch.Generator().manual_seed(4)
     logp0 = batch["logprobs"] + 0.3 * torch.randn(batch["logprobs"].shape, generator=g, dtype=D)
@@ -71,14 +77,14 @@ def test_summing_micro_batches_equals_full_batch(mode: str, decoupled: bool) -> 
 
     def grads(splits: list[list[int]]) -> tuple[float, dict[str, float], list[torch.Tensor]]:
         leaves = [t.clone().requires_grad_() for t in (logp0, ent0, val0)]
-        total, metrics = 0.0, {}
+        total, parts = 0.0, []
         for rows in splits:
             loss, m = run_loss(batch, rows, cfg, norm, *leaves)
             loss.backward()
             total += loss.item()
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-        return total, metrics, [leaf.grad for leaf in leaves]  # type: ignore[misc]
+            parts.append(m)
+        # summed, but for the *_max / *_min extremes (as the engine combines them)
+        return total, combine_metrics(parts), [leaf.grad for leaf in leaves]  # type: ignore[misc]
 
     full_loss, full_metrics, full_grads = grads([list(range(bsz))])
     assert full_metrics["train/loss"] == pytest.approx(full_loss)
@@ -112,11 +118,13 @@ def scramble(batch: dict[str, torch.Tensor], mask: torch.Tensor, fill: float, ke
     fill=st.sampled_from([0.0, -3.5, 7.0, 1e6, float("nan"), float("inf"), -float("inf")]),
     mode=st.sampled_from(MODES),
     decoupled=st.booleans(),
+    weighting=st.sampled_from(WEIGHTINGS),
 )
-def test_masked_out_values_never_change_loss_or_gradient(seed: int, fill: float, mode: str, decoupled: bool) -> None:
+def test_masked_out_values_never_change_loss_or_gradient(seed: int, fill: float, mode: str, decoupled: bool,
+                                                         weighting: tuple[str, str]) -> None:
     batch = random_batch(seed)
     mask = batch["loss_mask"]
-    cfg = full_cfg(mode, decoupled)
+    cfg = full_cfg(mode, decoupled, weighting)
     norm = LossNorm.from_batch(batch, max_len=6)
     g = torch.Generator().manual_seed(seed + 1)
     inputs = [batch["logprobs"] + 0.3 * torch.randn(mask.shape, generator=g, dtype=D),

@@ -13,6 +13,8 @@ from trainer_helpers import (
     linear_adam,
     make_cfg,
     make_trajs,
+    mismatch_step,
+    mismatch_worker,
     nll_loss_fn,
     one_step_cfg,
     step_batch,
@@ -209,6 +211,28 @@ def test_grpo_step_is_invariant_to_micro_batches(model_dir: Path) -> None:
     for k in ("train/clip_frac", "train/imp_weight_mean", "train/entropy"):
         assert one[k] == pytest.approx(many[k], rel=1e-5, abs=1e-7)
     assert one["grad_norm"] == pytest.approx(many["grad_norm"], rel=1e-4) and one["grad_norm"] > 0
+
+
+@pytest.mark.parametrize(("mode", "correction"), [("auto", "mask"), ("sequence", "truncate")])
+def test_mismatch_weight_metrics_of_a_train_step(model_dir: Path, tmp_path: Path, mode: str, correction: str) -> None:
+    from algorithms.importance import WEIGHT_METRIC_NAMES
+
+    # one micro-batch, many, and (sequence mode) two ranks of several each: extremes are never summed
+    (one, w, capped, mask), (many, *_) = (mismatch_step(model_dir, 1, budget, mode, correction) for budget in (100_000, 60))
+    runs = [one, many]
+    if mode == "sequence":
+        spawn(mismatch_worker, 2, str(model_dir), str(tmp_path / "two.pt"), mode, correction)
+        runs.append(torch.load(tmp_path / "two.pt"))
+    assert one["n_mbs"] == 1 and many["n_mbs"] > 2 and set(WEIGHT_METRIC_NAMES) <= set(one)
+    assert bool(capped.any()) and not bool(capped[mask].all())
+    expected = {"train/behave_imp_weight": float(w.sum()) / float(mask.sum()),
+                "train/behave_imp_weight_max": float(w[mask].max()), "train/behave_imp_weight_min": float(w[mask].min()),
+                "train/behave_imp_weight_capped_frac": float(capped.sum()) / float(mask.sum())}
+    for run in runs:
+        for k, v in expected.items():
+            assert run[k] == pytest.approx(v, rel=1e-4), k
+    # the decoupled loss (make_cfg's algorithm) keeps its own names for the weight it applies
+    assert one["train/imp_weight_mean"] == one["train/behave_imp_weight"]
 
 
 def test_bfloat16_mixed_precision_keeps_float32_master_weights(model_dir: Path) -> None:

@@ -14,8 +14,8 @@ import torch
 from areal_agents.config import ActorConfig, ExperimentConfig, TrainerConfig
 from areal_agents.types import Trajectory
 
-__all__ = ["VOCAB", "hsdp_worker", "linear_adam", "make_cfg", "make_trajs", "nll_loss_fn", "one_step_cfg", "step_batch",
-           "tiny_qwen", "train_worker"]
+__all__ = ["VOCAB", "hsdp_worker", "linear_adam", "make_cfg", "make_trajs", "mismatch_step", "mismatch_worker",
+           "nll_loss_fn", "one_step_cfg", "step_batch", "tiny_qwen", "train_worker"]
 
 VOCAB = 64
 
@@ -99,6 +99,39 @@ def train_worker(rank: int, world: int, model_path: str, out_file: str, steps: i
         results.append({"losses": losses, "logp": logp, "state": engine.full_state_dict()})
     if rank == 0:
         torch.save(results, out_file)
+
+
+def mismatch_step(model_path: str | Path, nproc: int, budget: int, mode: str, correction: str
+                  ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoupled-PPO step with ``behave_imp_weight_mode=mode`` (cap 1.5) on trajectories whose
+    behaviour logprobs are the trainer's off by ~.3 nat per token (enough to reach the cap at
+    times). Returns (the step's metrics, and the weights ``[B, T]``, capped ``[B, T]`` and mask
+    ``[B, T]`` the same logprobs give)."""
+    from algorithms.importance import behave_importance_weights
+    from algorithms.losses import ppo_loss
+    from trainers.engine import TrainEngine
+
+    cfg = make_cfg(nproc=nproc, max_tokens_per_mb=budget)
+    cfg.algorithm.behave_imp_weight_mode, cfg.algorithm.behave_imp_weight_correction = mode, correction
+    cfg.algorithm.behav_imp_weight_cap = 1.5
+    engine = TrainEngine(cfg, model_path)
+    batch = engine.to_batch(make_trajs(12, seed=13))
+    mask = batch["loss_mask"].bool()
+    g = torch.Generator().manual_seed(5)
+    trainer = engine.compute_logprobs(batch, 1.0)
+    batch["logprobs"] = torch.where(mask, trainer + 0.3 * torch.randn(trainer.shape, generator=g), 0.0)
+    batch["advantages"] = torch.where(mask, torch.randn(trainer.shape, generator=g), 0.0)
+    w, capped = behave_importance_weights(trainer, batch["logprobs"], mask, cfg.algorithm.imp_weight_mode,
+                                          correction, 1.5)
+    return engine.train_batch(batch, ppo_loss, temperature=1.0), w, capped, mask
+
+
+def mismatch_worker(rank: int, world: int, model_path: str, out_file: str, mode: str, correction: str) -> None:
+    """Spawned rank of :func:`mismatch_step` (a token budget that gives each rank several
+    micro-batches); rank 0 saves the step's metrics to ``out_file``."""
+    metrics = mismatch_step(model_path, world, 60, mode, correction)[0]
+    if rank == 0:
+        torch.save(metrics, out_file)
 
 
 def one_step_cfg(nproc: int = 1, **actor: Any) -> ExperimentConfig:
