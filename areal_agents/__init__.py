@@ -26,11 +26,13 @@ __version__ = "0.1.0"
 _LAZY = {
     **dict.fromkeys(("Env", "check_env", "make_env"), "areal_agents.env"),
     **dict.fromkeys(("Agent", "ChatAgent", "checked_step"), "areal_agents.agent"),
+    "register_gymnasium_envs": "areal_agents.gym_registration",
 }
 
 if TYPE_CHECKING:
     from areal_agents.agent import Agent, ChatAgent, checked_step
     from areal_agents.env import Env, check_env, make_env
+    from areal_agents.gym_registration import register_gymnasium_envs
 
 __all__ = [
     "Agent",
@@ -48,6 +50,7 @@ __all__ = [
     "register_algorithm",
     "register_dataset",
     "register_env",
+    "register_gymnasium_envs",
     "register_reward",
 ]
 

@@ -11,6 +11,7 @@ import json
 import operator
 import os
 import random
+import threading
 from typing import TYPE_CHECKING, Any
 
 from areal_agents.registry import datasets, envs
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DatasetError",
     "arithmetic_dataset",
+    "default_rows",
     "gsm8k_dataset",
     "jsonl_dataset",
     "load_dataset_rows",
@@ -226,3 +228,27 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise DatasetError(f"dataset {name!r} must return a list of dict rows (got {type(rows).__name__})")
     return rows
+
+
+_ROWS: dict[tuple[str, str], tuple[Any, list[dict[str, Any]]]] = {}  # (dataset, kwargs) -> (factory, rows)
+_ROWS_LOCK = threading.Lock()
+
+
+def default_rows(name: str, dataset_kwargs: dict[str, Any], size: int = 256) -> list[dict[str, Any]]:
+    """The ``train`` rows of dataset ``name`` called with ``dataset_kwargs`` (and ``size`` when the
+    factory takes it and the kwargs do not set it), which an env without a reset row draws from.
+    They are loaded once, and again only when ``name`` is registered to another factory."""
+    factory = datasets.get(name)
+    key = (name, repr(sorted(dataset_kwargs.items())))
+    with _ROWS_LOCK:
+        cached = _ROWS.get(key)
+        if cached is not None and cached[0] is factory:
+            return cached[1]
+        kwargs = dict(dataset_kwargs)
+        if "size" in inspect.signature(factory).parameters:
+            kwargs.setdefault("size", size)
+        rows = factory("train", **kwargs)
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+            raise DatasetError(f"dataset {name!r} ({dataset_kwargs}) gave no rows to draw from (need a list of dicts)")
+        _ROWS[key] = (factory, rows)
+        return rows

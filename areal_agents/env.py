@@ -13,7 +13,6 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import inspect
 import math
 import numbers
 import queue
@@ -25,6 +24,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
+from areal_agents.data import default_rows
 from areal_agents.loop_thread import LoopThread
 
 __all__ = ["Env", "EnvCheckError", "EnvCheckWarning", "Observation", "TextSpace", "TurnLimitedEnv", "check_env", "make_env",
@@ -147,8 +147,9 @@ class Env(gymnasium.Env):
     * ``tools`` — OpenAI function specs the model is shown (:class:`~areal_agents.agent.ChatAgent`
       renders them with the chat template; an instance may set its own in ``reset``).
 
-    ``reset(seed=None, options=row)`` starts an episode for the dataset ``row``; with
-    ``options=None`` it draws a row of the default dataset (seeded). ``step(text)`` returns
+    ``reset(seed=None, options=row)`` starts an episode for the dataset ``row``; with no row
+    (``options`` None or ``{}``) it draws one of ``default_dataset`` with ``self.np_random``
+    (:meth:`resolve_row`), as Gymnasium's own checker expects. ``step(text)`` returns
     ``(observation, reward, terminated, truncated, info)``. :meth:`areset` / :meth:`astep`
     run the sync methods on a thread of their own (:func:`run_in_thread`); override them for
     natively async envs.
@@ -215,29 +216,28 @@ class Env(gymnasium.Env):
         return _reward_outcome(await get_default_runner().acompute(reward, completion, row))
 
     def resolve_row(self, options: dict[str, Any] | None, required: tuple[str, ...] = ()) -> dict[str, Any]:
-        """A copy of the ``reset`` options row (or :meth:`sample_row`), checked for ``required`` fields."""
-        row = dict(options) if options is not None else self.sample_row()
+        """A copy of the ``reset`` options row, checked for ``required`` fields; with no row
+        (``options`` None, or empty while the env has a ``default_dataset``: Gymnasium's checker
+        resets with ``options={}``) a row drawn by :meth:`sample_row`."""
+        if options is None or (not options and type(self).default_dataset):
+            row = self.sample_row()
+        else:
+            row = dict(options)
         for key in required:
             if key not in row:
                 raise ValueError(f"{type(self).__name__}.reset: the row needs a {key!r} field (got {sorted(row)})")
         return row
 
     def sample_row(self) -> dict[str, Any]:
-        """A row of ``default_dataset`` drawn with ``self.np_random`` (for ``reset(options=None)``)."""
-        name = type(self).default_dataset
-        if not name:
-            raise ValueError(f"{type(self).__name__}.reset needs options=<dataset row> (no default_dataset)")
-        cache = type(self).__dict__.get("_sample_rows")
-        if cache is None:
-            from areal_agents.registry import datasets
-
-            factory = datasets.get(name)
-            kwargs = dict(type(self).default_dataset_kwargs)
-            if "size" in inspect.signature(factory).parameters:
-                kwargs.setdefault("size", 256)
-            cache = factory("train", **kwargs)
-            type(self)._sample_rows = cache  # type: ignore[attr-defined]
-        return dict(cache[int(self.np_random.integers(len(cache)))])
+        """A copy of a row of ``default_dataset`` (its ``train`` split, with ``default_dataset_kwargs``;
+        at most 256 rows unless they set ``size``) drawn with ``self.np_random``, so ``reset(seed=s)``
+        draws the same row for the same ``s``. The rows are loaded once per dataset and kwargs."""
+        cls = type(self)
+        if not cls.default_dataset:
+            raise ValueError(f"{cls.__name__}.reset() needs options=<dataset row>: the env has no default_dataset "
+                             "to draw one from (set default_dataset to a registered dataset name)")
+        rows = default_rows(cls.default_dataset, cls.default_dataset_kwargs)
+        return dict(rows[int(self.np_random.integers(len(rows)))])
 
 
 def _reward_outcome(result: Any) -> tuple[float, dict[str, Any]]:
@@ -433,7 +433,9 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
     async) is checked through them. Warning: the last step has no ``info["success"]`` (then
     ``success = reward > 0`` in evaluation). ``actions`` are played in turn (default: a few
     generic probe replies) for at most ``steps`` steps; ``options`` (a dataset row) is passed
-    to every ``reset``/``areset`` (default ``None``: the env draws a row).
+    to every ``reset``/``areset`` (default ``None``: the env draws a seeded row of its
+    ``default_dataset``; an env without one needs ``options``). Gymnasium's own
+    ``gymnasium.utils.env_checker.check_env`` checks the Gymnasium API besides; the built-ins pass both.
     """
     if not isinstance(env, Env):
         _fail(env, "the env must subclass areal_agents.Env (observations and actions are text)")

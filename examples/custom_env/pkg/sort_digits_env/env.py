@@ -30,9 +30,7 @@ class SortDigitsEnv(Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        self.row = dict(options) if options is not None else self.sample_row()
-        if "prompt" not in self.row or "answer" not in self.row:
-            raise ValueError(f"SortDigitsEnv.reset: the row needs 'prompt' and 'answer' (got {sorted(self.row)})")
+        self.row = self.resolve_row(options, ("prompt", "answer"))  # no row: one drawn from default_dataset
         self.tries = 0
         return str(self.row["prompt"]), {}
 

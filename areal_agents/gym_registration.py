@@ -1,0 +1,73 @@
+"""The registered envs in Gymnasium's own registry, as ``areal_agents/<name>-v0``.
+
+Nothing is registered on import (installed Gymnasium 1.x has no plugin entry points): call
+:func:`register_gymnasium_envs` once, then ``gymnasium.make("areal_agents/math-v0")`` builds the
+env through :func:`~areal_agents.env.make_env` (``gymnasium.make`` keyword arguments go to its
+constructor) and wraps it the way Gymnasium wraps any env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+from gymnasium.envs.registration import parse_env_id
+
+from areal_agents.env import Env, make_env
+from areal_agents.registry import envs
+
+__all__ = ["NAMESPACE", "VERSION", "GymnasiumEnvCreator", "gymnasium_id", "register_gymnasium_envs"]
+
+NAMESPACE = "areal_agents"
+VERSION = 0
+
+
+def gymnasium_id(name: str, namespace: str = NAMESPACE) -> str:
+    """The Gymnasium id of the env registered as ``name``: ``<namespace>/<name>-v0``."""
+    env_id = f"{namespace}/{name}-v{VERSION}"
+    try:
+        parsed = parse_env_id(env_id)
+    except gymnasium.error.Error:
+        parsed = None
+    if parsed != (namespace, name, VERSION):
+        raise ValueError(f"env {name!r} (namespace {namespace!r}) does not make a Gymnasium id: "
+                         "a name and namespace may hold only letters, digits, '_', '-', '.'")
+    return env_id
+
+
+@dataclass(frozen=True)
+class GymnasiumEnvCreator:
+    """Gymnasium's entry point for one registered env: ``creator(**kwargs)`` is ``make_env(name, **kwargs)``.
+
+    Being a value (equal for the same name), registering the same env twice is a no-op.
+    """
+
+    name: str
+
+    def __call__(self, **kwargs: Any) -> Env:
+        return make_env(self.name, **kwargs)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The env class's ``metadata`` (what ``gymnasium.make`` checks ``render_mode`` against)."""
+        metadata = getattr(envs.get(self.name), "metadata", None)
+        return metadata if isinstance(metadata, dict) else {"render_modes": []}
+
+
+def register_gymnasium_envs(names: Iterable[str] | None = None, *, namespace: str = NAMESPACE) -> list[str]:
+    """Register the envs ``names`` (default: every registered env, built-ins included) in
+    Gymnasium's registry as ``<namespace>/<name>-v0`` and return their ids. Safe to call again:
+    an id already registered for the same env is left as it is."""
+    ids = []
+    for name in sorted(envs.names() if names is None else names):
+        if name not in envs:
+            raise ValueError(f"register_gymnasium_envs: unknown env {name!r}; registered: {', '.join(envs.names())}")
+        env_id = gymnasium_id(name, namespace)
+        creator = GymnasiumEnvCreator(name)
+        known = gymnasium.registry.get(env_id)
+        if known is None or known.entry_point != creator:
+            gymnasium.register(id=env_id, entry_point=creator)
+        ids.append(env_id)
+    return ids
