@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -15,32 +14,10 @@ from rich.table import Table
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
-from areal_agents.inference.client import InferenceClient
 from areal_agents.rewards import RewardRunner, set_default_runner
-from areal_agents.rollout.episode import evaluate
+from areal_agents.rollout.episode import run_eval
 
-__all__ = ["cli_eval", "evaluate_model", "run_eval"]
-
-
-def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             progress: Any = None, lora_path: str | None = None) -> dict[str, Any]:
-    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (decoding with the
-    loaded adapter ``lora_path`` when given), and its duration (``time/eval_s``, so that
-    training time can be told from eval time)."""
-
-    async def go() -> dict[str, Any]:
-        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path,
-                                 batch_window=cfg.inference.batch_window)
-        try:
-            return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  progress=progress)
-        finally:
-            await client.aclose()
-
-    if not rows:
-        return {}
-    t0 = time.monotonic()
-    return {**asyncio.run(go()), "time/eval_s": time.monotonic() - t0}
+__all__ = ["cli_eval", "evaluate_model"]
 
 
 def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = True) -> dict[str, Any]:

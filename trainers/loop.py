@@ -32,13 +32,13 @@ from areal_agents.preflight import preflight
 from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor
+from areal_agents.rollout.episode import run_eval
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import collate, load_trajectories
 from trainers.checkpoint import Checkpointer, CheckpointMismatch
 from trainers.engine import TrainEngine
-from trainers.evaluate import run_eval
 from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.rollout_only import write_rollouts

@@ -49,7 +49,7 @@ def episode_check(cfg: ExperimentConfig, model_dir: str | Path, tokenizer: Any, 
     from areal_agents.inference.control import update_weights_from_disk
     from areal_agents.inference.launcher import launch_servers
     from areal_agents.rewards import RewardRunner, default_runner
-    from trainers.evaluate import run_eval
+    from areal_agents.rollout.episode import run_eval
 
     work = Path(work_dir)
     main = not tdist.is_initialized() or tdist.get_rank() == 0

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from areal_agents.registry import agents, envs
 from areal_agents.types import Trajectory
 
 __all__ = ["EpisodeFn", "build_agent", "build_episode_fn", "classify_error", "env_factory", "episode_outcome",
-           "episode_solved", "evaluate", "make_episode_fn", "sampling_params", "with_deadline"]
+           "episode_solved", "evaluate", "make_episode_fn", "run_eval", "sampling_params", "with_deadline"]
 
 log = logging.getLogger("areal_agents.rollout")
 
@@ -251,3 +252,25 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
     if progress is not None:
         progress.remove_task(task_id)
     return report
+
+
+def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
+             progress: Any = None, lora_path: str | None = None) -> dict[str, Any]:
+    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (decoding with the
+    loaded adapter ``lora_path`` when given), and its duration (``time/eval_s``, so that
+    training time can be told from eval time)."""
+    from areal_agents.inference.client import InferenceClient
+
+    async def go() -> dict[str, Any]:
+        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path,
+                                 batch_window=cfg.inference.batch_window)
+        try:
+            return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                                  progress=progress)
+        finally:
+            await client.aclose()
+
+    if not rows:
+        return {}
+    t0 = time.monotonic()
+    return {**asyncio.run(go()), "time/eval_s": time.monotonic() - t0}
