@@ -12,13 +12,10 @@ recipe gains in this budget and far above eval noise.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from learning_support import run_default_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -27,16 +24,7 @@ MIN_GAIN = 0.10
 
 
 def test_multi_turn_recipe_raises_greedy_episode_success(tmp_path: Path) -> None:
-    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math-multiturn", f"output_dir={tmp_path / 'runs'}",
-         f"trainer.total_steps={STEPS}", "eval.every=0", "trainer.save_every=0", "logging.progress=false",
-         "logging.plots=false"],
-        capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(next((tmp_path / "cache" / "warm").glob("math-multiturn-*/sft_report.json")).read_text())
-    rows = [json.loads(line) for line in
-            (tmp_path / "runs" / "math-multiturn" / "trial" / "metrics.jsonl").read_text().splitlines()]
+    report, rows = run_default_recipe(tmp_path, "math-multiturn", STEPS)
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     before, after = evals[0], evals[-1]
     print(f"warm start: {report['steps']} SFT steps, {report['seconds']} s; RL: {before:.3f} -> {after:.3f}")
