@@ -218,9 +218,15 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
     kwargs.update(cfg.data.kwargs)
     if cfg.data.path is not None:
         kwargs["path"] = cfg.data.path
-    factory = datasets.get(name)
+    return _call_dataset(name, datasets.get(name), split, kwargs,
+                         cfg.data.train_size if split == "train" else cfg.data.test_size)
+
+
+def _call_dataset(name: str, factory: Any, split: str, kwargs: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """``factory(split, **kwargs)`` (with ``size`` when it takes one and ``kwargs`` set none), checked
+    to be a list of dict rows."""
     if "size" in inspect.signature(factory).parameters and "size" not in kwargs:
-        kwargs["size"] = cfg.data.train_size if split == "train" else cfg.data.test_size
+        kwargs = {**kwargs, "size": size}
     try:
         rows = factory(split, **kwargs)
     except TypeError as exc:
@@ -244,11 +250,8 @@ def default_rows(name: str, dataset_kwargs: dict[str, Any], size: int = 256) -> 
         cached = _ROWS.get(key)
         if cached is not None and cached[0] is factory:
             return cached[1]
-        kwargs = dict(dataset_kwargs)
-        if "size" in inspect.signature(factory).parameters:
-            kwargs.setdefault("size", size)
-        rows = factory("train", **kwargs)
-        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-            raise DatasetError(f"dataset {name!r} ({dataset_kwargs}) gave no rows to draw from (need a list of dicts)")
+        rows = _call_dataset(name, factory, "train", dict(dataset_kwargs), size)
+        if not rows:
+            raise DatasetError(f"dataset {name!r} ({dataset_kwargs}) gave no rows to draw from")
         _ROWS[key] = (factory, rows)
         return rows

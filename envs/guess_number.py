@@ -44,6 +44,18 @@ def guess_number_dataset(
     ]
 
 
+def _fill_defaults(row: dict[str, Any]) -> str:
+    """Give ``row`` its default range (1-100) and prompt where it has none; return the prompt."""
+    row.setdefault("low", 1)
+    row.setdefault("high", 100)
+    row.setdefault("prompt", f"Guess my number ({row['low']}-{row['high']}).")
+    return str(row["prompt"])
+
+
+def _feedback(guess: int, target: int) -> str:
+    return "Higher." if guess < target else "Lower."
+
+
 class GuessNumberEnv(TurnLimitedEnv):
     """Each reply's last integer is a guess; the env answers ``Higher.`` or ``Lower.``.
 
@@ -72,11 +84,15 @@ class GuessNumberEnv(TurnLimitedEnv):
         super().__init__(max_turns)
 
     def start(self, row: dict[str, Any]) -> str:
-        row.setdefault("low", 1)
-        row.setdefault("high", 100)
-        row.setdefault("prompt", f"Guess my number ({row['low']}-{row['high']}).")
+        prompt = _fill_defaults(row)
         self.left = (int(row["low"]), int(row["high"]))  # what the feedback so far leaves possible
-        return str(row["prompt"])
+        return prompt
+
+    @staticmethod
+    def _narrowed(left: tuple[int, int], guess: int, target: int) -> tuple[int, int]:
+        """The numbers still possible after ``guess`` was answered ``Higher.`` or ``Lower.``."""
+        low, high = left
+        return (max(low, guess + 1), high) if guess < target else (low, min(high, guess - 1))
 
     def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
         numbers = _INT.findall(action)
@@ -85,9 +101,8 @@ class GuessNumberEnv(TurnLimitedEnv):
         guess, target = _guess(numbers[-1]), int(row["target"])
         if guess == target:
             return "", 1.0 - 0.5 * (self.turn - 1) / self.max_turns, True, {"success": True}
-        low, high = self.left
-        self.left = (max(low, guess + 1), high) if guess < target else (low, min(high, guess - 1))
-        return ("Higher." if guess < target else "Lower."), 0.0, False, {"state_key": self._state_key()}
+        self.left = self._narrowed(self.left, guess, target)
+        return _feedback(guess, target), 0.0, False, {"state_key": self._state_key()}
 
     def _state_key(self) -> str:
         """The state the next guess acts in (for step-level credit, ``algorithm.name=gigpo``): the
@@ -101,12 +116,14 @@ class GuessNumberEnv(TurnLimitedEnv):
     def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         """A whole bisection game: guess the middle of what is left until the number is found
         (at most ``ceil(log2(high - low + 2))`` guesses: 7 for 1-100)."""
-        low, high, target = int(row.get("low", 1)), int(row.get("high", 100)), int(row["target"])
-        conv: list[dict[str, Any]] = [{"role": "user", "content": self.start(dict(row))}]
+        row = dict(row)
+        prompt = _fill_defaults(row)  # the episode's first observation (no episode of this env is touched)
+        left, target = (int(row["low"]), int(row["high"])), int(row["target"])
+        conv: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         while True:
-            guess = (low + high) // 2
+            guess = sum(left) // 2
             conv.append({"role": "assistant", "content": str(guess)})
             if guess == target:
                 return conv
-            low, high = (guess + 1, high) if guess < target else (low, guess - 1)
-            conv.append({"role": "user", "content": "Higher." if guess < target else "Lower."})
+            left = self._narrowed(left, guess, target)
+            conv.append({"role": "user", "content": _feedback(guess, target)})

@@ -53,6 +53,9 @@ class PythonToolEnv(TurnLimitedEnv):
 
     def start(self, row: dict[str, Any]) -> str:
         self.tool_calls = 0
+        return self._question(row)
+
+    def _question(self, row: dict[str, Any]) -> str:
         return str(row["prompt"]) + self.hint
 
     def _run_tool(self, action: str) -> str:
@@ -84,7 +87,7 @@ class PythonToolEnv(TurnLimitedEnv):
         if not row.get("expression") or row.get("op", "+") not in ("+", "-", "*"):
             return None
         answer = str(row["answer"])
-        return [{"role": "user", "content": self.start(row)},
+        return [{"role": "user", "content": self._question(row)},
                 {"role": "assistant", "content": f"<python>print({row['expression']})</python>"},
                 {"role": "user", "content": f"<output>{answer}</output>"},
                 {"role": "assistant", "content": answer}]

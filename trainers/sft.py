@@ -326,9 +326,10 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     if not examples:
         raise ValueError(f"env {cfg.env.name!r} gives no reference_completion for its rows: cannot warm-start; "
                          "set actor.path to a model")
-    test_examples, test_prompts = render_examples(cfg, tokenizer, env, test_rows)
     eval_fn: Callable[[Any], dict[str, float]] | None = None
     check = "exact_match" if exact else "episodes" if multi else "greedy"
+    # the rendered eval rows, for the checks that run the model here (an episode check renders its own)
+    test_examples, test_prompts = ([], []) if multi else render_examples(cfg, tokenizer, env, test_rows)
     with contextlib.ExitStack() as stack:
         if exact:  # band checks: teacher-forced, one forward pass
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
