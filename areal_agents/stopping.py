@@ -21,7 +21,7 @@ from types import FrameType
 
 __all__ = ["HARD_EXIT_AFTER", "Terminated", "exit_soon", "interrupt", "on_hard_exit", "stop_on_signals"]
 
-HARD_EXIT_AFTER = 15.0
+HARD_EXIT_AFTER = 10.0
 """Seconds an interrupted command has to unwind before the process is ended outright."""
 
 _HOOKS: list[Callable[[], None]] = []
