@@ -46,11 +46,6 @@ class _Refused(InferenceError):
     """The server refused the request (HTTP 4xx): retrying it unchanged cannot help."""
 
 
-def _loop_time(deadline: float) -> float:
-    """``deadline`` (on ``time.monotonic``) on the running loop's clock."""
-    return asyncio.get_running_loop().time() + deadline - time.monotonic()
-
-
 def normalize_address(addr: str) -> str:
     """``host:port`` or ``http://host:port/`` -> ``http://host:port``."""
     addr = addr.strip().rstrip("/")
@@ -281,8 +276,8 @@ class InferenceClient:
             else:
                 self.inflight[idx] += 1
                 try:
-                    async with asyncio.timeout_at(_loop_time(deadline)):
-                        return await self._post_once(idx, payload), self.urls[idx]
+                    reply = await asyncio.wait_for(self._post_once(idx, payload), max(0.0, deadline - time.monotonic()))
+                    return reply, self.urls[idx]
                 except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retryable) as exc:
                     err = exc
                     self.dead_until[idx] = time.monotonic() + self.reprobe_after  # out of the rotation

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from areal_agents.openai_compat.http import Endpoint
 
@@ -30,7 +30,7 @@ class _Shared(Endpoint):
 
     def __init__(self) -> None:
         super().__init__()
-        self._guard: AsyncIterator[None] | None = None
+        self._guard: AsyncGenerator[None, None] | None = None
 
     async def _start(self) -> str:
         url = await super()._start()
@@ -39,7 +39,7 @@ class _Shared(Endpoint):
         return url
 
 
-async def _guard(endpoint: Endpoint) -> AsyncIterator[None]:
+async def _guard(endpoint: Endpoint) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
