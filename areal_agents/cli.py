@@ -7,6 +7,7 @@ stays importable without torch; each handler receives the parsed arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -21,6 +22,7 @@ from areal_agents.config_loader import config_fields, config_reference, explain_
 from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError, get_registry, load_object
 from areal_agents.rewards import default_reward_workers
+from areal_agents.stopping import Terminated, stop_on_signals
 
 __all__ = ["build_parser", "check_model_dir", "main"]
 
@@ -36,6 +38,7 @@ COMMANDS = {
     "config": "areal_agents.cli:_cmd_config",
 }
 
+_STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.stopping)
 
 # Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
 # a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
@@ -168,6 +171,19 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command in ("run", "sft", "eval"):
+        args.cfg = load_args_config(args)  # validate before importing anything heavy
+        check_model_dir(args.cfg.actor.path, "actor.path")
+    if args.command == "run" and "WORLD_SIZE" not in os.environ:  # user code, before torch loads
+        from areal_agents.preflight import preflight
+
+        preflight(args.cfg)
+    if args.command in ("eval", "serve"):
+        check_model_dir(args.model, "--model")
+    return int(load_object(COMMANDS[args.command])(args) or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
     check_not_in_worker()  # an unguarded script, imported by a reward worker for a reward defined in it
@@ -180,19 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.command in ("run", "sft", "eval"):
-            args.cfg = load_args_config(args)  # validate before importing anything heavy
-            check_model_dir(args.cfg.actor.path, "actor.path")
-        if args.command == "run" and "WORLD_SIZE" not in os.environ:  # user code, before torch loads
-            from areal_agents.preflight import preflight
-
-            preflight(args.cfg)
-        if args.command in ("eval", "serve"):
-            check_model_dir(args.model, "--model")
-        return int(load_object(COMMANDS[args.command])(args) or 0)
+        with stop_on_signals() if args.command in _STOPPABLE else contextlib.nullcontext():
+            return _dispatch(args)
     except (ConfigError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

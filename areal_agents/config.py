@@ -211,7 +211,8 @@ class InferenceConfig(Section):
     num_servers: int = f(1, "Servers to launch (data parallel).", ge(1))
     host: str = f("127.0.0.1", "Interface launched servers bind to.")
     schedule: str = f("round_robin", "Server choice per episode.", one_of("round_robin", "least_loaded"))
-    request_timeout: float = f(300.0, "Seconds before one /generate request is retried.", gt(0))
+    request_timeout: float = f(300.0, "Seconds one /generate request may take, retries on other servers included; "
+                               "past it the request fails with a one-line error (the episode: server_error).", gt(0))
     request_retries: int = f(3, "Retries per request on connection errors and 5xx.", ge(0))
     batch_window: float = f(0.002, "Seconds a /generate request waits for others bound to the same server (a "
                             "group's samples) to share one batched POST; 0 sends each request alone.", ge(0))

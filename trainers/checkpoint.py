@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from areal_agents.failures import message_line
+from areal_agents.stopping import interrupt
 from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
@@ -103,6 +104,7 @@ class Checkpointer:
         self.root, self.keep = Path(root), keep
         self.fingerprint = fingerprint  # what a run must share to resume these checkpoints (env, model...)
         self._stop = False
+        self._interruptible = False  # in a phase SIGTERM interrupts at once
 
     # -- model state ----------------------------------------------------------------------
     @staticmethod
@@ -203,6 +205,17 @@ class Checkpointer:
         return None if latest is None else self.load(engine, latest)
 
     # -- SIGTERM ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """While inside, a SIGTERM under :meth:`save_on_sigterm` interrupts instead of waiting for the step boundary."""
+        self._interruptible = True
+        try:
+            if self._stop:  # it came just before
+                interrupt(signal.SIGTERM)
+            yield
+        finally:
+            self._interruptible = False
+
     def stop_requested(self) -> bool:
         """True on every rank once any rank got SIGTERM (collective: call at step boundaries)."""
         flag = torch.tensor([1.0 if self._stop else 0.0])
@@ -219,13 +232,17 @@ class Checkpointer:
 
         The loop should check :meth:`stop_requested` at each step boundary and leave; on the
         way out a checkpoint of ``state_fn() = (engine, step, version, rollout_state)`` is
-        saved if a SIGTERM came. A second SIGTERM terminates at once.
+        saved if a SIGTERM came. In a phase marked :meth:`interruptible` (an eval, the wait for a
+        batch: nothing to finish, and they may wait long) SIGTERM interrupts it at once
+        (:func:`areal_agents.stopping.interrupt`). A second SIGTERM terminates at once.
         """
         def handler(signum: int, frame: Any) -> None:
             if self._stop:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
             self._stop = True
+            if self._interruptible:
+                interrupt(signum, frame)
 
         previous = signal.signal(signal.SIGTERM, handler)
         try:

@@ -263,7 +263,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             sync.sync(engine, version)
         stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
-        before = r0.eval()
+        with ckpt.interruptible():
+            before = r0.eval()
         r0.log(step, before)
         r0.resume(version)
         display.start(total=cfg.trainer.total_steps, done=step)
@@ -274,7 +275,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 break
             # 4. One step: rank 0 waits for a batch of finished groups; every rank trains on it.
             t0 = time.monotonic()
-            trajs = r0.batch()
+            with ckpt.interruptible():
+                trajs = r0.batch()
             t1 = time.monotonic()
             metrics = train_step(engine, spec, cfg, trajs)
             t2 = time.monotonic()
@@ -292,7 +294,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
             })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
-                metrics.update(r0.eval())
+                with ckpt.interruptible():
+                    metrics.update(r0.eval())
             r0.log(step, metrics, trajs)
             display.update(step, metrics)
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
@@ -300,7 +303,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         display.stop()
 
         # 6. Final eval, weights, summary.
-        after = r0.eval()
+        with ckpt.interruptible():
+            after = r0.eval()
         final_dir = engine.export_final(run_dir / "final")
         r0.log(step, {**after, "version": version})
         history = logger.history[1:] if logger is not None else []

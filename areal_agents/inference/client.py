@@ -263,8 +263,10 @@ class InferenceClient:
         """POST to a live server; a failed one is marked down and the next live one tried at
         once. With every server down, each attempt waits for the earliest ``/health`` re-probe
         (at least ``backoff``, doubling): one transient error on the last live server costs a
-        re-probe, not the request."""
-        attempt = 0
+        re-probe, not the request. All attempts together take at most ``timeout`` seconds
+        (wherever one is stuck: connecting, in a batch, waiting for the reply), then
+        :class:`InferenceError` says so in one line."""
+        attempt, deadline = 0, time.monotonic() + self.timeout
         while True:
             try:
                 idx = await self._choose(rid)
@@ -274,7 +276,8 @@ class InferenceClient:
             else:
                 self.inflight[idx] += 1
                 try:
-                    return await self._post_once(idx, payload), self.urls[idx]
+                    reply = await asyncio.wait_for(self._post_once(idx, payload), max(0.0, deadline - time.monotonic()))
+                    return reply, self.urls[idx]
                 except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retryable) as exc:
                     err = exc
                     self.dead_until[idx] = time.monotonic() + self.reprobe_after  # out of the rotation
@@ -283,13 +286,16 @@ class InferenceClient:
                     self.inflight[idx] -= 1
             attempt += 1
             self.stats["retries"] += 1
+            where = self.urls[idx] if idx >= 0 else "any server"
+            if time.monotonic() >= deadline:
+                raise InferenceError(f"/generate got no reply within {self.timeout:g} s "
+                                     f"(inference.request_timeout; {attempt} attempts, last {where}: {err!r})") from err
             if attempt > self.retries:
-                where = self.urls[idx] if idx >= 0 else "any server"
                 raise InferenceError(f"/generate failed after {attempt} attempts ({where}): {err!r}") from err
             if not self._alive():
                 reprobe = min(self.dead_until.values(), default=0.0) - time.monotonic()
                 backoff = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
-                await asyncio.sleep(min(max(reprobe, backoff), self.timeout))
+                await asyncio.sleep(max(0.0, min(max(reprobe, backoff), deadline - time.monotonic())))
 
     async def generate(self, input_ids: Sequence[int], sampling: dict[str, Any], rid: str | None = None, *,
                        top_logprobs: int = 0) -> Generation:

@@ -29,6 +29,7 @@ from typing import Any
 
 from areal_agents.config import ConfigError, check_sglang_version
 from areal_agents.lifeline import die_with_parent
+from areal_agents.stopping import on_hard_exit
 
 __all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
            "inference_servers", "launch_servers", "sglang_command"]  # fmt: skip
@@ -247,6 +248,16 @@ def launch_servers(
 def _close_all() -> None:
     for handle in list(_LIVE):
         handle.close(timeout=3.0)
+
+
+def _kill_all() -> None:
+    """SIGKILL every live server's process group at once (the process is about to end outright)."""
+    for handle in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(handle.process.pid, signal.SIGKILL)
+
+
+on_hard_exit(_kill_all)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ out), parsed back into OpenAI replies, and recorded token for token. Modules:
 * :mod:`.trajectories` — recorded calls to trajectories (extension and the turn discount);
 * :mod:`.client` — the in-process ``AsyncOpenAI`` stand-in bound to an episode;
 * :mod:`.http` — the loopback ``/v1/chat/completions`` endpoint;
+* :mod:`.loopback` — one such endpoint per event loop, shared by its episodes;
 * :mod:`.agent` — agents written as ``async def agent(client, row)`` as rollout agents.
 """
 

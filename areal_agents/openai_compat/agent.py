@@ -4,7 +4,8 @@ An *OpenAI-style agent* is ``async def agent(client, row) -> float | None`` (or 
 instances are such callables, built with ``agent.kwargs``), registered with
 ``@register_agent("name")`` and run with ``agent.name=name``. ``client`` behaves as
 ``openai.AsyncOpenAI`` for ``chat.completions.create`` (:class:`~.client.EpisodeClient`), and
-``await client.http_endpoint()`` gives a per-episode base URL for agents in other processes.
+``await client.http_endpoint()`` gives the episode's base URL for agents that speak HTTP (in
+this process or another): the loop's one loopback server, with the episode's key in the path.
 The env is reset with the row first; the agent's return value is the episode's reward, or,
 when it returns None, the env scores the last reply (``env.step(content)``). The calls become
 trajectories as :mod:`~areal_agents.openai_compat.trajectories` says.
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_agents.agent import Agent, checked_step, jsonable
 from areal_agents.openai_compat.client import EpisodeClient
-from areal_agents.openai_compat.http import Endpoint
+from areal_agents.openai_compat.loopback import loop_endpoint
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.types import Trajectory, check_turn_discount
@@ -76,13 +77,13 @@ class OpenAIAgent(Agent):
         except Exception as exc:  # noqa: BLE001 - an env failure is recorded, not raised
             return Trajectory(status="env_error", info={"error": f"reset: {type(exc).__name__}: {exc}"})
         session = ChatSession(llm.tokenizer, _EpisodeGenerate(llm), self.sampling or llm.default_sampling)
-        endpoint = Endpoint()  # it serves once the agent first asks for its URL (``http_endpoint()``)
+        endpoint = loop_endpoint()  # shared by the loop's episodes; serves once an agent asks for its URL
         key = endpoint.add(session)
         client = EpisodeClient(session, api_key=key, endpoint=functools.partial(endpoint.base_url, key))
         try:
             result = await self.fn(client, dict(row or {}))
         finally:
-            await endpoint.close()
+            endpoint.remove(key)  # and cancels the episode's requests still being answered
         info: dict[str, Any] = {}
         status, reward = "ok", 0.0
         if result is None and session.records:

@@ -5,8 +5,9 @@ arguments of the official client and returns its types (``ChatCompletion``, or a
 iterator of ``ChatCompletionChunk`` with ``stream=True``) when the ``openai`` package is
 installed (the ``[openai]`` extra), else objects with the same attributes. A bad request
 raises ``openai.BadRequestError`` (or :class:`~areal_agents.openai_compat.schema.APIError`).
-``await client.http_endpoint()`` starts the episode's loopback HTTP endpoint and returns its
-base URL, for agents that run in another process (pass it with ``client.api_key``).
+``await client.http_endpoint()`` returns the base URL of the episode on the loopback HTTP
+endpoint (one server shared by the episodes of a rollout, started on first use), for agents
+that speak HTTP; the URL carries the episode's key, which ``client.api_key`` also is.
 """
 
 from __future__ import annotations

@@ -6,13 +6,16 @@ ending in ``data: [DONE]`` with ``stream: true``) and ``GET /v1/models``, also u
 registered under its key, given in the path or as the API key (``Authorization: Bearer <key>``);
 with a ``fallback`` (``areal-agents serve``) a request without a known key gets a fresh,
 unrecorded session. Errors are OpenAI's ``{"error": {...}}`` with a 4xx status for bad input.
+The routes are the table :data:`ROUTES`; :class:`Endpoint` serves them for many episodes at
+once (one per event loop: :mod:`~areal_agents.openai_compat.loopback`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +27,7 @@ from areal_agents.openai_compat.ids import new_key
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
 
-__all__ = ["Endpoint", "MODEL_NAME", "add_routes", "add_serve_routes"]
+__all__ = ["Endpoint", "MODEL_NAME", "ROUTES", "add_routes", "add_serve_routes"]
 
 MODEL_NAME = "policy"
 """The model id ``/v1/models`` lists (any ``model`` string is accepted)."""
@@ -38,12 +41,18 @@ def _error(err: APIError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
-def _session(request: web.Request) -> ChatSession:
-    sessions = request.app[_SESSIONS]
+def _key(request: web.Request) -> str | None:
+    """The episode key of ``request``: in its path, else its API key."""
     key = request.match_info.get("key")
     auth = request.headers.get("Authorization", "")
     if key is None and auth.startswith("Bearer "):
         key = auth[len("Bearer "):].strip()
+    return key
+
+
+def _session(request: web.Request) -> ChatSession:
+    sessions = request.app[_SESSIONS]
+    key = _key(request)
     if key is not None and key in sessions:
         return sessions[key]
     fallback = request.app.get(_FALLBACK)
@@ -83,15 +92,23 @@ async def _models(request: web.Request) -> web.Response:
         {"id": MODEL_NAME, "object": "model", "created": int(time.time()), "owned_by": "areal-agents"}]})
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("POST", "/v1/chat/completions", _chat),
+    ("GET", "/v1/models", _models),
+]
+"""``(method, path, handler)`` of every route; each is also served under ``/<key>``."""
+
+
 def add_routes(app: web.Application, sessions: dict[str, ChatSession] | None = None,
                fallback: Fallback | None = None) -> None:
-    """Serve the chat-completions routes on ``app`` for ``sessions`` (and ``fallback``)."""
+    """Serve :data:`ROUTES` on ``app`` for ``sessions`` (and ``fallback``)."""
     app[_SESSIONS] = sessions if sessions is not None else {}
     if fallback is not None:
         app[_FALLBACK] = fallback
     for prefix in ("", "/{key}"):
-        app.router.add_post(prefix + "/v1/chat/completions", _chat)
-        app.router.add_get(prefix + "/v1/models", _models)
+        for method, path, handler in ROUTES:
+            app.router.add_route(method, prefix + path, handler)
 
 
 def add_serve_routes(app: web.Application, tokenizer: Tokenizer, max_new_tokens: int = 256) -> None:
@@ -117,26 +134,51 @@ def add_serve_routes(app: web.Application, tokenizer: Tokenizer, max_new_tokens:
 
 
 class Endpoint:
-    """A loopback HTTP server for episode sessions, on the running event loop."""
+    """A loopback HTTP server for many episodes' sessions, on the running event loop.
+
+    :meth:`add` registers a session under a key, :meth:`remove` drops it and cancels the
+    requests of that key still being answered (the episode is over: nobody reads their
+    replies, and their generations free the server's batch slots). A request whose client
+    hangs up is cancelled as well.
+    """
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
         self.sessions: dict[str, ChatSession] = {}
+        self._running: dict[str, set[asyncio.Task[Any]]] = {}  # key -> its requests being answered
         self._runner: web.AppRunner | None = None
+        self._starting: asyncio.Future[str] | None = None
         self.url = ""
 
     async def start(self) -> str:
-        """Start serving (once); returns ``http://HOST:PORT``."""
-        if self._runner is None:
-            app = web.Application(client_max_size=64 * 1024**2)
-            add_routes(app, self.sessions)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
-            await runner.setup()
-            site = web.TCPSite(runner, self.host, 0)
-            await site.start()
-            self._runner = runner
-            self.url = f"http://{self.host}:{runner.addresses[0][1]}"
+        """Start serving (once; concurrent callers wait for the same start); returns ``http://HOST:PORT``."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        return await asyncio.shield(self._starting)
+
+    async def _start(self) -> str:
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[self._track])
+        add_routes(app, self.sessions)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                               shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0, backlog=1024)
+        await site.start()
+        self._runner = runner
+        self.url = f"http://{self.host}:{runner.addresses[0][1]}"
         return self.url
+
+    @web.middleware
+    async def _track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        key, task = _key(request), asyncio.current_task()
+        running = self._running.get(key) if key is not None else None
+        if running is None or task is None:
+            return await handler(request)
+        running.add(task)
+        try:
+            return await handler(request)
+        finally:
+            running.discard(task)
 
     async def base_url(self, key: str) -> str:
         """The OpenAI base URL (``http://HOST:PORT/<key>/v1``) of the session under ``key``; starts serving."""
@@ -146,9 +188,21 @@ class Endpoint:
         """Register ``session`` under ``key`` (default: a new one); returns the key."""
         key = new_key() if key is None else key
         self.sessions[key] = session
+        self._running[key] = set()
         return key
 
+    def remove(self, key: str) -> None:
+        """Drop the session under ``key``; its requests still being answered are cancelled."""
+        self.sessions.pop(key, None)
+        for task in self._running.pop(key, ()):
+            task.cancel()
+
     async def close(self) -> None:
+        for key in list(self.sessions):
+            self.remove(key)
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
         if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+            runner, self._runner = self._runner, None
+            await runner.cleanup()

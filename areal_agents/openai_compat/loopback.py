@@ -1,0 +1,82 @@
+"""One loopback endpoint per event loop, shared by every episode on it (no torch).
+
+Starting an HTTP server per episode cost more than the episode's own work; instead the
+episodes of a rollout (one event loop per process: the executor's, or the one an eval runs
+on) share :func:`loop_endpoint`, each under its own key (in the URL path and as the API key).
+The server starts when an agent first asks for its URL and stops when its loop shuts down
+(``asyncio.run`` and :class:`~areal_agents.loop_thread.LoopThread` finalize async generators
+on the way out, and this module keeps one open for that) or when :func:`close_loop_endpoint`
+is awaited. On the way out it also lets the HTTP clients agents left unclosed close on that
+loop, so that they do not fail later on a closed one (``Event loop is closed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import AsyncGenerator
+
+from areal_agents.openai_compat.http import Endpoint
+
+__all__ = ["close_loop_endpoint", "loop_endpoint"]
+
+_CLOSE_WAIT = 2.0  # seconds the unclosed clients' own closing may take at loop shutdown
+_ENDPOINTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Shared] = weakref.WeakKeyDictionary()
+
+
+class _Shared(Endpoint):
+    """The loop's endpoint; serving starts a guard generator that closes it at loop shutdown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._guard: AsyncGenerator[None, None] | None = None
+
+    async def _start(self) -> str:
+        url = await super()._start()
+        self._guard = _guard(self)
+        await self._guard.__anext__()  # suspended at its yield: finalized by loop.shutdown_asyncgens()
+        return url
+
+
+async def _guard(endpoint: Endpoint) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await _drain_unclosed_clients()
+        await endpoint.close()
+        _ENDPOINTS.pop(asyncio.get_running_loop(), None)
+
+
+async def _drain_unclosed_clients() -> None:
+    """Collect garbage now, so that HTTP clients dropped unclosed schedule their closing on this
+    (still running) loop, and give those closings a moment to finish."""
+    before = asyncio.all_tasks()
+    gc.collect()
+    closing = asyncio.all_tasks() - before
+    if closing:
+        await asyncio.wait(closing, timeout=_CLOSE_WAIT)
+        for task in closing:  # read, so that a failed close is not reported as never retrieved
+            if task.done() and not task.cancelled():
+                task.exception()
+
+
+def loop_endpoint() -> Endpoint:
+    """The running loop's shared endpoint (created on first use; it serves once asked for a URL)."""
+    loop = asyncio.get_running_loop()
+    endpoint = _ENDPOINTS.get(loop)
+    if endpoint is None:
+        endpoint = _ENDPOINTS[loop] = _Shared()
+    return endpoint
+
+
+async def close_loop_endpoint() -> None:
+    """Stop the running loop's shared endpoint now (the next episode starts a new one)."""
+    endpoint = _ENDPOINTS.pop(asyncio.get_running_loop(), None)
+    if endpoint is None:
+        return
+    guard, endpoint._guard = endpoint._guard, None
+    if guard is not None:
+        await guard.aclose()  # its finally closes the endpoint
+    else:
+        await endpoint.close()

@@ -1,0 +1,167 @@
+"""The loopback endpoint shared by a loop's episodes: one server, each episode under its own key
+(path or API key), requests of a finished episode cancelled, the server gone with its loop,
+and agents' unclosed clients closed on their own loop (no ``Event loop is closed`` noise)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai_support import build_model, load_tokenizer
+
+from areal_agents.env import Env
+from areal_agents.llm import LLM, Generation
+from areal_agents.openai_compat.agent import OpenAIAgent
+from areal_agents.openai_compat.loopback import close_loop_endpoint, loop_endpoint
+from areal_agents.rollout.episode import make_episode_fn
+
+USER = [{"role": "user", "content": "What is 12 + 30?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_tokenizer(build_model(tmp_path_factory.mktemp("loopback-model")))
+
+
+class Echo(Env):
+    """One turn; any reply ends the episode with reward 0."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        return str((options or {}).get("prompt", "")), {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return "", 0.0, True, False, {}
+
+
+class InstantLLM(LLM):
+    """Generation without a server: the token ids of "42" at once, or waits for ``gate`` first."""
+
+    def __init__(self, tokenizer: Any, gate: asyncio.Event | None = None, started: Callable[[], None] | None = None):
+        super().__init__(tokenizer, {"max_new_tokens": 4})
+        self.gate, self.started = gate, started
+
+    async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        if self.started is not None:
+            self.started()
+        if self.gate is not None:
+            await self.gate.wait()
+        ids = self.tokenizer.encode("42", add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return Generation(output_ids=ids, logprobs=[-0.1] * len(ids), versions=[0] * len(ids), finish_reason="stop",
+                          text=self.tokenizer.decode(ids))
+
+
+def play(tokenizer: Any, agent: Any, n: int, llm: Callable[[], LLM] | None = None) -> list[Any]:
+    fn = make_episode_fn(Echo, OpenAIAgent(agent), lambda rid: llm() if llm else InstantLLM(tokenizer))
+    return list(asyncio.run(_gather(fn, n)))
+
+
+async def _gather(fn: Any, n: int) -> list[Any]:
+    return await asyncio.gather(*(fn({"prompt": f"q{i}"}, i, f"ep-{i}") for i in range(n)))
+
+
+def test_episodes_share_one_server_under_their_own_keys(tokenizer: Any) -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def agent(client: Any, row: dict[str, Any]) -> None:
+        url = await client.http_endpoint()
+        seen.append((url, client.api_key))
+        async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as oc:  # key in the path
+            reply = await oc.chat.completions.create(model="policy", messages=USER)
+        assert reply.choices[0].message.content == "42"
+        root = url.rsplit("/", 2)[0] + "/v1"  # the same server, the key as the API key instead
+        async with openai.AsyncOpenAI(base_url=root, api_key=client.api_key, max_retries=0) as oc:
+            await oc.chat.completions.create(model="policy", messages=USER)
+
+    trajs = play(tokenizer, agent, 12)
+    assert [t.status for t in trajs] == ["ok"] * 12
+    assert all(t.info["num_calls"] == 2 for t in trajs)  # both routes reached the episode's own session
+    servers = {url.rsplit("/", 2)[0] for url, _ in seen}
+    assert len(servers) == 1 and len({key for _, key in seen}) == 12
+    assert all(url.endswith(f"/{key}/v1") for url, key in seen)
+
+
+def test_a_finished_episode_key_is_refused_and_the_server_ends_with_its_loop(tokenizer: Any) -> None:
+    urls: list[str] = []
+
+    async def agent(client: Any, row: dict[str, Any]) -> None:
+        urls.append(await client.http_endpoint())
+        await client.chat.completions.create(model="policy", messages=USER)
+
+    async def main() -> tuple[int, str]:
+        fn = make_episode_fn(Echo, OpenAIAgent(agent), lambda rid: InstantLLM(tokenizer))
+        assert (await fn({"prompt": "q"}, 0, "ep")).status == "ok"
+        async with httpx.AsyncClient() as http:  # the episode is over: its key no longer routes
+            reply = await http.post(urls[0] + "/chat/completions", json={"model": "p", "messages": USER})
+        return reply.status_code, reply.json()["error"]["code"]
+
+    assert asyncio.run(main()) == (401, "invalid_api_key")
+    with pytest.raises(httpx.ConnectError):  # asyncio.run finalized the loop, and the server with it
+        httpx.post(urls[0] + "/chat/completions", json={"model": "p", "messages": USER}, timeout=5)
+
+
+def test_an_ended_episode_cancels_its_requests_in_flight(tokenizer: Any) -> None:
+    gate = asyncio.Event()  # never set: the generation waits until it is cancelled
+    state: dict[str, Any] = {}
+
+    class Gated(InstantLLM):
+        async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
+            state["started"].set()
+            try:
+                return await super()._generate(input_ids, sampling)
+            except asyncio.CancelledError:
+                state["cancelled"] = True
+                raise
+
+    async def agent(client: Any, row: dict[str, Any]) -> float:
+        url = await client.http_endpoint()
+        oc = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        call = asyncio.ensure_future(oc.chat.completions.create(model="policy", messages=USER))
+        await state["started"].wait()
+        state["call"], state["client"] = call, oc
+        return 1.0  # the agent ends its episode with its call still being answered
+
+    async def main() -> None:
+        state["started"] = asyncio.Event()
+        fn = make_episode_fn(Echo, OpenAIAgent(agent), lambda rid: Gated(tokenizer, gate))
+        traj = await fn({"prompt": "q"}, 0, "ep")
+        assert traj.status == "agent_error"  # no call finished, so no trajectory
+        with pytest.raises(openai.APIError):  # the server hung up on the cancelled request
+            await asyncio.wait_for(state["call"], 60)
+        await state["client"].close()
+
+    asyncio.run(main())
+    assert state["cancelled"] is True
+
+
+# the agent leaks its client on purpose, and Python warns of the leaked sockets when it collects them
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_unclosed_agent_clients_leave_no_event_loop_errors(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    async def agent(client: Any, row: dict[str, Any]) -> None:  # like many framework agents: never closes it
+        oc = openai.AsyncOpenAI(base_url=await client.http_endpoint(), api_key=client.api_key, max_retries=0)
+        await oc.chat.completions.create(model="policy", messages=USER)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for _ in range(3):  # each eval on a loop of its own, as run_eval does
+            assert {t.status for t in play(tokenizer, agent, 16)} == {"ok"}
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or "closed" in r.getMessage()]
+
+
+def test_close_loop_endpoint_stops_serving_now(tokenizer: Any, tmp_path: Path) -> None:
+    async def main() -> None:
+        endpoint = loop_endpoint()
+        assert loop_endpoint() is endpoint  # one per loop
+        url = await endpoint.start()
+        await close_loop_endpoint()
+        assert loop_endpoint() is not endpoint  # the next episode starts a new one
+        async with httpx.AsyncClient() as http:
+            with pytest.raises(httpx.ConnectError):
+                await http.get(url + "/v1/models")
+
+    asyncio.run(main())
