@@ -33,6 +33,9 @@ COMMANDS: dict[str, dict[str, str]] = {
     "README.md": {
         'pip install torch==2.13.0 -e . && areal-agents run --env math': f"not run: {_DEFAULT_RUN}",
         'pip install torch==2.13.0 -e .[dev] && python3 -m pytest -q': "not run: the test suite itself (.ci/run)",
+        "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
+        "pip install -e .[sglang]": f"not run: {_INSTALL}",
+        "pip install -e .[docs]": f"not run: {_INSTALL}; the docs build: tests/core/test_core_docs_site.py",
     },
     "docs/deployment.md": {
         "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
