@@ -38,6 +38,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     env_page = (site / "api" / "env" / "index.html").read_text(encoding="utf-8")
     for name in ("areal_agents.Env", "areal_agents.env.TurnLimitedEnv", "areal_agents.check_env", "reference_completion"):
         assert name in env_page, name  # the docstrings were found and rendered
+    assert ":class:" not in env_page and ":meth:" not in env_page  # Sphinx roles shown as code (mkdocs_hooks.py)
     for page, name in [("agent", "areal_agents.ChatAgent"), ("llm", "areal_agents.llm.LLM"),
                        ("llm", "areal_agents.Trajectory"), ("registry", "areal_agents.register_reward"),
                        ("openai", "EpisodeClient"), ("config", "areal_agents.config.RolloutConfig"),
