@@ -377,17 +377,8 @@ def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
 
 
 def config_reference() -> str:
-    """Markdown reference of every config key (``docs/config.md`` is generated from this)."""
-    lines = ["# Config reference", "",
-             "Generated from the dataclasses in `areal_agents/config.py` by "
-             "`areal-agents config markdown > docs/config.md`; a test fails when this file is stale.",
-             "Set any key in a YAML file (`--config`) or as `key=value` on the command line."]
-    section = None
-    for key, type_name, default, help_text in config_fields():
-        head = key.split(".")[0] if "." in key else "(top level)"
-        if head != section:
-            section = head
-            lines += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        shown = repr(default).replace("|", "\\|")
-        lines.append(f"| `{key}` | `{type_name.replace('|', 'or')}` | `{shown}` | {help_text.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
+    """Markdown reference of every config key, the keys to tune first and each built-in env's
+    defaults (``docs/config.md`` is generated from this)."""
+    from areal_agents._config_doc import render  # it imports the env registry's classes
+
+    return render()

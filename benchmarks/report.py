@@ -1,6 +1,6 @@
-"""Build the README performance table and the async-vs-sync chart from ``benchmarks/results/*.json``.
+"""Build the performance table of docs/benchmarks.md and the async-vs-sync chart from ``benchmarks/results/*.json``.
 
-    python benchmarks/report.py [--results DIR] [--readme README.md] [--check]
+    python benchmarks/report.py [--results DIR] [--readme docs/benchmarks.md] [--check]
 
 Reads the JSON each ``bench_*.py`` wrote (nothing is re-measured), writes the table between
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in the README (nothing outside the
@@ -220,7 +220,8 @@ def plot_async_vs_sync(results: Path, out: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(HERE / "results"), help="directory of the JSON results")
-    p.add_argument("--readme", default=str(HERE.parent / "README.md"), help="README to update between the markers")
+    p.add_argument("--readme", default=str(HERE.parent / "docs" / "benchmarks.md"),
+                   help="the page to update between the markers (default: docs/benchmarks.md)")
     p.add_argument("--check", action="store_true", help="only check that the README block is up to date")
     args = p.parse_args(argv)
     results, readme = Path(args.results), Path(args.readme)

@@ -1,4 +1,4 @@
-"""Run every ``benchmarks/bench_*.py`` one after the other, then rebuild the README table.
+"""Run every ``benchmarks/bench_*.py`` one after the other, then rebuild the table of docs/benchmarks.md.
 
     python benchmarks/run_all.py [--only NAME ...] [--skip NAME ...] [--timeout 900] [--no-report]
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", help="run only these benchmarks (e.g. rollout_async)")
     p.add_argument("--skip", nargs="*", help="leave these benchmarks out")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per script")
-    p.add_argument("--no-report", action="store_true", help="do not rebuild the README table")
+    p.add_argument("--no-report", action="store_true", help="do not rebuild the docs/benchmarks.md table")
     args = p.parse_args(argv)
     runs = discover(args.only, args.skip)
     if not runs:

@@ -20,7 +20,7 @@ class MathEnv(TurnLimitedEnv):
     default_config: ClassVar[dict[str, Any]] = {
         # A warm start past the middle of the SFT jump, 200 RL steps, and only groups whose
         # samples disagree in the batch: each seed then ends near or above 0.85 greedy accuracy
-        # (docs/trainer.md, "What limits RL on the tiny model"); rows whose last group every sample
+        # (docs/benchmarks.md, "What limits RL on the tiny model"); rows whose last group every sample
         # solved are mostly skipped, so late in a run generation is not spent on sums the model
         # has learnt (rows no sample solved keep coming: they are what is left to learn). The SFT
         # curve stays flat for ~450 steps, then rises over ~40 (0.2 -> 0.55): checks every 20

@@ -33,6 +33,9 @@ COMMANDS: dict[str, dict[str, str]] = {
     "README.md": {
         'pip install torch==2.13.0 -e . && areal-agents run --env math': f"not run: {_DEFAULT_RUN}",
         'pip install torch==2.13.0 -e .[dev] && python3 -m pytest -q': "not run: the test suite itself (.ci/run)",
+        "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
+        "pip install -e .[sglang]": f"not run: {_INSTALL}",
+        "pip install -e .[docs]": f"not run: {_INSTALL}; the docs build: tests/core/test_core_docs_site.py",
     },
     "docs/deployment.md": {
         "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
@@ -83,6 +86,16 @@ COMMANDS: dict[str, dict[str, str]] = {
             f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
         "areal-agents run --env reverse sft.warm_start_steps=200 trainer.total_steps=40":
             f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+    },
+    "docs/gpu.md": {
+        "pip install -e .[sglang]": f"not run: {_INSTALL}",
+        "areal-agents run --config examples/gsm8k_grpo/gpu.yaml actor.path=/models/Qwen2.5-1.5B-Instruct "
+        "data.path=/data/gsm8k/{split}.jsonl":
+            "tests/examples/test_examples_gsm8k.py::test_gpu_config_validates_apart_from_the_sglang_install",
+    },
+    "docs/index.md": {
+        "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
+        "areal-agents run --env math": f"not run: {_DEFAULT_RUN}",
     },
     "docs/byo_agent.md": {
         "areal-agents run --env math agent=my-agent imports=[my_agent.py]":
@@ -160,6 +173,13 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "class Agent:": "not run: a signature",
     },
     "docs/rollout.md": {"from areal_agents.rollout import RolloutExecutor": "not run: a fragment (cfg, train, ...)"},
+    "docs/gpu.md": {"# write_gsm8k.py": "not run: downloads GSM8K from the Hugging Face Hub"},
+    "docs/rewards.md": {
+        'def my_reward(completion: str, *, answer: str = "", **row) -> float:': f"{_HERE}::test_rewards_doc_blocks_run",
+        "# my_rewards.py": "not run: a signature (the README's and quickstart's rewards are registered this way)",
+        "class MyEnv(Env):": "not run: a fragment; the README's and quickstart's envs call compute_reward this way",
+        "from areal_agents import register_reward": f"{_HERE}::test_rewards_doc_blocks_run",
+    },
     "docs/trainer.md": {"engine = TrainEngine(cfg, model_path)              # critic=None asks the algorithm spec":
                         "not run: a fragment (cfg, batch, ...)"},
 }
@@ -290,3 +310,24 @@ def test_quickstart_reverse_package_learns_as_written(tmp_path: Path) -> None:
     assert evals[-1] >= evals[0] + 0.02, evals  # and RL gains, as the doc says (+0.03 to +0.17 measured)
     report = json.loads(next((tmp_path / "cache" / "warm").glob("reverse-*/sft_report.json")).read_text())
     assert report["reached"] and report["steps"] <= 200
+
+
+def test_rewards_doc_blocks_run(tmp_path: Path) -> None:
+    namespace: dict = {}
+    exec(block("docs/rewards.md", "python", 'def my_reward(completion: str, *, answer: str = "", **row) -> float:'),
+         namespace)
+    assert namespace["my_reward"](" 42 ", answer="42") == 1.0 and namespace["my_reward"]("41", answer="42") == 0.0
+    (tmp_path / "lenient.py").write_text(block("docs/rewards.md", "python", "from areal_agents import register_reward"))
+    code = ("from areal_agents.config_loader import load_config; load_config(None, ['imports=[lenient.py]']); "
+            "from areal_agents.rewards import RewardRunner\n"
+            "with RewardRunner(timeout=60, max_workers=1) as r:\n"
+            "    a, b = r.compute('lenient', ' 42', {'answer': '42'}), r.compute('lenient', 'Paris', {'answer': 'paris'})\n"
+            "    print(a.value, a.seconds == 0.0, b.value, b.seconds > 0.0, r.stats['ok'])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    # the fast path decides the exact answer in this process; the other goes to a worker, which says 1.0
+    assert proc.returncode == 0 and proc.stdout.split() == ["1.0", "True", "1.0", "True", "2"], proc.stderr
+
+
+def test_gpu_page_shows_the_gsm8k_gpu_config_verbatim() -> None:
+    assert block("docs/gpu.md", "yaml", "# GSM8K with GRPO on GPUs: a Qwen2.5 instruct model served by SGLang, "
+                 "trained with FSDP2.") == (ROOT / "examples" / "gsm8k_grpo" / "gpu.yaml").read_text(encoding="utf-8")

@@ -1,0 +1,126 @@
+"""The ``docs/config.md`` reference: every key, the keys to tune first, and each built-in env's defaults.
+
+Private to :mod:`areal_agents.config_loader` (its ``config_reference`` renders this); the values
+come from the dataclasses and the envs' ``default_config``, so the page cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from areal_agents.config import ExperimentConfig
+
+__all__ = ["TUNE_FIRST", "builtin_env_defaults", "declared_fields", "render"]
+
+# key -> why a user changes it first (the default shown next to it comes from the dataclass)
+TUNE_FIRST: dict[str, str] = {
+    "actor.path": "Your model (a Hugging Face directory or Hub id). Unset, the run builds and warm-starts the "
+                  "tiny default model; set, there is no warm start ([gpu.md](gpu.md)).",
+    "actor.lr": "Tuned for the tiny model. Billion-parameter models want about 1e-6.",
+    "sampling.max_new_tokens": "Tokens per turn. 32 fits 2-digit sums; chain-of-thought math wants 512-1024.",
+    "agent.max_tokens": "Tokens per episode over all turns; raise it with `sampling.max_new_tokens`.",
+    "agent.system_prompt": "Instruct models follow one (e.g. the answer format your reward reads).",
+    "rollout.batch_size": "Prompts per step; each gives `rollout.group_size` episodes (the batch is the product).",
+    "rollout.group_size": "Samples per prompt for the group baseline: more gives a better baseline and "
+                          "more groups with a learning signal.",
+    "rollout.max_head_offpolicyness": "The staleness bound η: 0 is synchronous RL; 1-4 overlaps generation "
+                                      "and training.",
+    "rollout.group_filter": "`nonzero_std` trains only groups whose rewards differ (DAPO's dynamic sampling).",
+    "trainer.total_steps": "Steps of the run (one weight version each).",
+    "actor.dtype": "`bfloat16` on a GPU.",
+    "trainer.device": "`cuda` on a GPU.",
+    "inference.backend": "`sglang` on a GPU; `remote` to attach to servers started separately.",
+    "sglang.mem_fraction_static": "The GPU memory SGLang takes; lower it when the trainer shares the GPU.",
+    "actor.gradient_checkpointing": "Trades compute for activation memory on long sequences.",
+    "actor.max_tokens_per_mb": "Tokens per micro-batch: lower it on an out-of-memory error.",
+}
+
+
+def declared_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """``(key, type, declared default, help)`` for every leaf field: the defaults as declared,
+    before ``__post_init__`` fills anything in (``experiment_name`` is None, not the env's name)."""
+    rows: list[tuple[str, str, Any, str]] = []
+    for fld in dataclasses.fields(cls):
+        factory = fld.default_factory  # a nested section, or a mutable default
+        value = factory() if factory is not dataclasses.MISSING else fld.default
+        if dataclasses.is_dataclass(value):
+            rows.extend(declared_fields(type(value), f"{prefix}{fld.name}."))
+        else:
+            rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))
+    return rows
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def builtin_env_defaults() -> dict[str, dict[str, Any]]:
+    """Each built-in env's ``default_config`` as flat ``key -> value`` (the envs of the ``envs`` package)."""
+    from areal_agents.registry import envs
+
+    found: dict[str, dict[str, Any]] = {}
+    for name in envs.names():
+        cls = envs.get(name)
+        if getattr(cls, "__module__", "").startswith("envs."):
+            found[name] = _flatten(dict(getattr(cls, "default_config", None) or {}))
+    return found
+
+
+def _cell(value: Any) -> str:
+    return f"`{value!r}`".replace("|", "\\|")
+
+
+def _tune_first(defaults: dict[str, Any]) -> list[str]:
+    lines = ["", "## Tune these first", "",
+             "The defaults fit the tiny CPU model and 2-digit sums. For your own env or model, these keys "
+             "matter most (a GPU recipe with values: [gpu.md](gpu.md); what the batch terms mean: "
+             "[faq.md](faq.md)):", "", "| key | default | why |", "|---|---|---|"]
+    lines += [f"| `{key}` | {_cell(defaults[key])} | {why} |" for key, why in TUNE_FIRST.items()]
+    return lines
+
+
+def _shorthands() -> list[str]:
+    return ["", "## Shorthands", "",
+            "`--env NAME`, `env=NAME`, `agent=NAME`, `algorithm=NAME` and `data=NAME` on the command line are "
+            "short for `env.name=NAME` and so on (`agent=my-agent` is `agent.name=my-agent`). "
+            "`allocation_mode` (below) is short for a device split."]
+
+
+def _per_env(defaults: dict[str, Any]) -> list[str]:
+    lines = ["", "## Per-env defaults", "",
+             "A built-in env sets these keys through its `default_config` unless your YAML or an override sets "
+             "them; every other key keeps the default of the tables below. `areal-agents config show --env NAME` "
+             "lists them as `env NAME`.", "", "| env | key | env default | global default |", "|---|---|---|---|"]
+    for name, keys in builtin_env_defaults().items():
+        if not keys:
+            lines.append(f"| `{name}` | (none: the global defaults) | | |")
+        for key, value in keys.items():
+            lines.append(f"| `{name}` | `{key}` | {_cell(value)} | {_cell(defaults.get(key))} |")
+    return lines
+
+
+def render() -> str:
+    """The whole ``docs/config.md``."""
+    fields = declared_fields()
+    defaults = {key: default for key, _, default, _ in fields}
+    lines = ["# Config reference", "",
+             "Generated from the dataclasses in `areal_agents/config.py` and the built-in envs' `default_config` by "
+             "`areal-agents config markdown > docs/config.md`; a test fails when this file is stale.",
+             "Set any key in a YAML file (`--config`) or as `key=value` on the command line.",
+             *_tune_first(defaults), *_shorthands(), *_per_env(defaults), "", "## Every key"]
+    section = None
+    for key, type_name, default, help_text in fields:
+        head = key.split(".")[0] if "." in key else "(top level)"
+        if head != section:
+            section = head
+            lines += ["", f"### {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        shown = repr(default).replace("|", "\\|")
+        lines.append(f"| `{key}` | `{type_name.replace('|', 'or')}` | `{shown}` | {help_text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
