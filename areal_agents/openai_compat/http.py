@@ -1,9 +1,10 @@
 """The loopback ``/v1/chat/completions`` endpoint (aiohttp; no torch).
 
 Routes: ``POST /v1/chat/completions`` (JSON, or ``chat.completion.chunk`` server-sent events
-ending in ``data: [DONE]`` with ``stream: true``) and ``GET /v1/models``, also under
+ending in ``data: [DONE]`` with ``stream: true``), the :data:`ROUTES` of other APIs translated to
+chat completions (``POST /v1/responses``, ``POST /v1/messages``) and ``GET /v1/models``, also under
 ``/<key>/v1/...``. A request reaches the :class:`~areal_agents.openai_compat.session.ChatSession`
-registered under its key, given in the path or as the API key (``Authorization: Bearer <key>``);
+registered under its key, given in the path or as the API key (``Authorization: Bearer <key>`` or ``x-api-key: <key>``);
 with a ``fallback`` (``areal-agents serve``) a request without a known key gets a fresh,
 unrecorded session. Errors are OpenAI's ``{"error": {...}}`` with a 4xx status for bad input.
 """
@@ -21,13 +22,19 @@ from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.protocol import InferenceError
 from areal_agents.llm import Generation, Tokenizer
 from areal_agents.openai_compat.ids import new_key
+from areal_agents.openai_compat.messages import MESSAGES
+from areal_agents.openai_compat.responses import RESPONSES
+from areal_agents.openai_compat.routes import API, translated
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
 
-__all__ = ["Endpoint", "MODEL_NAME", "add_routes", "add_serve_routes"]
+__all__ = ["Endpoint", "MODEL_NAME", "ROUTES", "add_routes", "add_serve_routes"]
 
 MODEL_NAME = "policy"
 """The model id ``/v1/models`` lists (any ``model`` string is accepted)."""
+
+ROUTES: dict[str, API] = {"/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
+"""The other APIs served, each translated to chat completions (:mod:`.responses`, :mod:`.messages`)."""
 
 Fallback = Callable[[web.Request], ChatSession]
 _SESSIONS: web.AppKey[dict[str, ChatSession]] = web.AppKey("openai_sessions")
@@ -44,6 +51,8 @@ def _session(request: web.Request) -> ChatSession:
     auth = request.headers.get("Authorization", "")
     if key is None and auth.startswith("Bearer "):
         key = auth[len("Bearer "):].strip()
+    if key is None and "x-api-key" in request.headers:  # how Anthropic's clients send the API key
+        key = request.headers["x-api-key"].strip()
     if key is not None and key in sessions:
         return sessions[key]
     fallback = request.app.get(_FALLBACK)
@@ -89,8 +98,10 @@ def add_routes(app: web.Application, sessions: dict[str, ChatSession] | None = N
     app[_SESSIONS] = sessions if sessions is not None else {}
     if fallback is not None:
         app[_FALLBACK] = fallback
+    posts = {"/v1/chat/completions": _chat, **{path: translated(api, _session) for path, api in ROUTES.items()}}
     for prefix in ("", "/{key}"):
-        app.router.add_post(prefix + "/v1/chat/completions", _chat)
+        for path, handler in posts.items():
+            app.router.add_post(prefix + path, handler)
         app.router.add_get(prefix + "/v1/models", _models)
 
 
