@@ -182,7 +182,8 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
 
     if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
         fn: Any = agent_cls(**cfg.agent.kwargs) if inspect.isclass(agent_cls) else agent_cls  # a class: with kwargs
-        return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling)
+        return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling,
+                           trajectory_mode=cfg.agent.trajectory_mode)
     return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
                         "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,
                         "sampling": sampling, **cfg.agent.kwargs})
