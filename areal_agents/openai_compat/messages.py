@@ -21,8 +21,11 @@ from areal_agents.openai_compat.schema import APIError
 
 __all__ = ["MESSAGES", "error_body", "events", "reply", "to_chat"]
 
-_KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "tools",
-          "tool_choice", "stream", "metadata", "thinking", "service_tier", "container", "mcp_servers"}
+# Fields that change nothing here (metadata, hints for Anthropic's service).
+_IGNORED = {"metadata", "service_tier", "cache_control", "diagnostics", "inference_geo", "speed", "user_profile_id",
+            "workspace_id"}
+_KNOWN = {*_IGNORED, "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
+          "tools", "tool_choice", "stream", "thinking", "container", "mcp_servers", "output_config"}
 _COPIED = {"model": "model", "max_tokens": "max_tokens", "stop_sequences": "stop", "temperature": "temperature",
            "top_p": "top_p", "stream": "stream"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -130,6 +133,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for key in ("top_k", "container", "mcp_servers"):
         if body.get(key) is not None:
             raise _bad(key, "is not supported")
+    config = body.get("output_config")
+    if config is not None and not (isinstance(config, dict) and config.get("format") is None):
+        raise _bad("output_config", "is not supported with a format (structured outputs)")
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
         raise _bad("thinking", "is not supported (only {'type': 'disabled'})")

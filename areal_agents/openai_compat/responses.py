@@ -196,7 +196,7 @@ def reply(body: dict[str, Any], completion: dict[str, Any], raw: str = "") -> di
         "temperature": body.get("temperature"), "top_p": body.get("top_p"),
         "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": None,
         "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": body.get("metadata") or {},
-        "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+        "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": usage["total_tokens"]},
     }

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import (Agent, MaxTurnsExceeded, ModelBehaviorError, OpenAIChatCompletionsModel, OpenAIResponsesModel,
-                    Runner, function_tool, set_tracing_disabled)
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    ModelBehaviorError,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 from areal_agents import register_agent
