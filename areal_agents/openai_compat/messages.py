@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from areal_agents.openai_compat.routes import API, Event
+from areal_agents.openai_compat.routes import API, Event, joined_text
+from areal_agents.openai_compat.routes import bad as _bad
 from areal_agents.openai_compat.schema import APIError
 
 __all__ = ["MESSAGES", "error_body", "events", "reply", "to_chat"]
@@ -32,22 +33,12 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
 
 
-def _bad(param: str, message: str) -> APIError:
-    return APIError(f"{param}: {message}", param=param)
+_TEXT = {"text": "text"}
 
 
 def _text_blocks(content: Any, param: str) -> str:
     """A string, or the text of a list of ``text`` blocks."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _bad(param, "must be a string or a list of text blocks")
-    texts = []
-    for i, block in enumerate(content):
-        if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
-            raise _bad(f"{param}[{i}]", "must be a text block ({'type': 'text', 'text': ...})")
-        texts.append(block["text"])
-    return "".join(texts)
+    return joined_text(content, param, _TEXT)
 
 
 def _tool_use(block: dict[str, Any], param: str) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from areal_agents.openai_compat.ids import new_id
-from areal_agents.openai_compat.routes import API, Event
+from areal_agents.openai_compat.routes import API, Event, joined_text
+from areal_agents.openai_compat.routes import bad as _bad
 from areal_agents.openai_compat.schema import APIError
 
 __all__ = ["RESPONSES", "error_body", "events", "reply", "to_chat"]
@@ -33,25 +34,12 @@ _KNOWN = {*_IGNORED, *_COPIED, "input", "instructions", "tools", "tool_choice", 
 _LOGPROBS = "message.output_text.logprobs"
 
 
-def _bad(param: str, message: str) -> APIError:
-    return APIError(f"{param}: {message}", param=param)
+_TEXT = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
 def _text(content: Any, param: str) -> str:
-    """Text content: a string or a list of ``input_text`` / ``output_text`` / ``text`` parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _bad(param, "must be a string or a list of text parts")
-    parts = []
-    for i, part in enumerate(content):
-        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text", "refusal")):
-            raise _bad(f"{param}[{i}]", "only text parts are supported (input_text, output_text)")
-        text = part.get("refusal") if part["type"] == "refusal" else part.get("text")
-        if not isinstance(text, str):
-            raise _bad(f"{param}[{i}].text", "must be a string")
-        parts.append(text)
-    return "".join(parts)
+    """Text content: a string or a list of ``input_text`` / ``output_text`` / ``text`` / ``refusal`` parts."""
+    return joined_text(content, param, _TEXT)
 
 
 def _string(item: dict[str, Any], key: str, param: str) -> str:

@@ -22,7 +22,7 @@ from areal_agents.inference.protocol import InferenceError
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession
 
-__all__ = ["API", "Event", "Handler", "raw_reply_text", "translated"]
+__all__ = ["API", "Event", "Handler", "bad", "joined_text", "raw_reply_text", "translated"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Event = tuple[str, dict[str, Any]]
@@ -43,6 +43,27 @@ class API:
     events: Callable[[dict[str, Any]], list[Event]]
     error: Callable[[APIError], dict[str, Any]]
     renamed: dict[str, str] = field(default_factory=dict)
+
+
+def bad(param: str, message: str) -> APIError:
+    """A 400 naming ``param``: ``"<param>: <message>"``."""
+    return APIError(f"{param}: {message}", param=param)
+
+
+def joined_text(content: Any, param: str, fields: dict[str, str]) -> str:
+    """A string, or the joined text of a list of parts: a part of type ``t`` in ``fields`` holds
+    its text under ``fields[t]``; any other part is a 400 naming it."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(param, f"must be a string or a list of {', '.join(fields)} parts")
+    texts = []
+    for i, part in enumerate(content):
+        key = fields.get(str(part.get("type"))) if isinstance(part, dict) else None
+        if key is None or not isinstance(part.get(key), str):
+            raise bad(f"{param}[{i}]", f"must be a text part ({', '.join(fields)}) with its {key or 'text'}")
+        texts.append(part[key])
+    return "".join(texts)
 
 
 def raw_reply_text(session: ChatSession, completion: dict[str, Any]) -> str:

@@ -90,6 +90,7 @@ def test_responses_tool_round_trip_extends_one_trajectory(tokenizer: Any) -> Non
     ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0]"),
     ({"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "m", "input": "hi", "bogus": 1}, "bogus"),
 ])

@@ -13,11 +13,10 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from openai_support import build_model, load_tokenizer, reforward
+from openai_support import build_model, load_tokenizer, reforward, served
 
-from areal_agents.config import ExperimentConfig
 from areal_agents.inference.client import InferenceClient
-from areal_agents.inference.launcher import ServerGroup, launch_servers
+from areal_agents.inference.launcher import ServerGroup
 from areal_agents.openai_compat.http import Endpoint
 from areal_agents.openai_compat.session import ChatSession
 
@@ -31,9 +30,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    cfg = ExperimentConfig()
-    cfg.inference.setup_timeout = 120.0
-    with launch_servers(cfg, model, 1, log_dir=tmp_path_factory.mktemp("logs"), env={"OMP_NUM_THREADS": "1"}) as group:
+    with served(model, tmp_path_factory.mktemp("logs")) as group:
         yield group
 
 
