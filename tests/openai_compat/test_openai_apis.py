@@ -202,3 +202,37 @@ def test_replies_and_events_validate_as_the_official_types(finish: str, calls: l
     assert [b.type for b in msg.content] == ["text"] + ["tool_use"] * len(calls)
     for name, data in messages.events(msg.model_dump()):
         assert TypeAdapter(RawMessageStreamEvent).validate_python(data).type == name
+
+
+def test_agents_sdk_streamed_run_calls_the_tool_through_responses_events(tokenizer: Any) -> None:
+    """``Runner.run_streamed`` reads the Responses stream: the function call runs, the answer is final."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    seen: list[tuple[float, float]] = []
+
+    @function_tool
+    def add(a: float, b: float) -> str:
+        """Add two numbers."""
+        seen.append((a, b))
+        return str(a + b)
+
+    session, endpoint = serve(tokenizer, [CALL, "The answer is 5."])
+
+    async def main() -> Any:
+        base = await endpoint.start()
+        try:
+            async with openai.AsyncOpenAI(base_url=f"{base}/k1/v1", api_key="x", max_retries=0) as client:
+                agent = Agent(name="adder", instructions="Be brief.", tools=[add],
+                              model=OpenAIResponsesModel(model="policy", openai_client=client))
+                run = Runner.run_streamed(agent, "What is 2 + 3?")
+                kinds = [event.type async for event in run.stream_events()]
+                return run.final_output, kinds
+        finally:
+            await endpoint.close()
+
+    final, kinds = asyncio.run(main())
+    assert final == "The answer is 5." and seen == [(2, 3)]
+    assert "raw_response_event" in kinds
+    [traj] = assemble(session.records, 1.0, 1.0)  # the SDK resent the call and its output: one trajectory
+    assert traj.info["calls"] == [0, 1]
