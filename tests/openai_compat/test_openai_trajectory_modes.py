@@ -100,3 +100,5 @@ def test_config_field_reaches_the_agent_and_is_checked() -> None:
     assert build_agent(load_config(None, ["agent.name=unit-convert"]), {}).trajectory_mode == "concat"
     with pytest.raises(ConfigError, match="trajectory_mode"):
         load_config(None, ["agent.name=unit-convert", "agent.trajectory_mode=chains"])
+    with pytest.raises(ConfigError, match="agent.trajectory_mode: applies to OpenAI-style agents"):
+        build_agent(load_config(None, ["agent.name=chat", "agent.trajectory_mode=individual"]), {})
