@@ -151,6 +151,12 @@ class AgentConfig(Section):
     max_tokens: int = f(1024, "Maximum generated tokens per episode over all turns.", ge(1))
     system_prompt: str | None = f(None, "Optional system message prepended to every episode.")
     kwargs: dict[str, Any] = f({}, "Extra keyword arguments passed to the agent constructor.")
+    trajectory_mode: str | None = f(
+        None, "OpenAI-style agents: how calls become trajectories. 'concat': calls whose prompts extend "
+              "each other form one multi-turn trajectory; 'individual': each call is a sample of its own "
+              "(reward * turn_discount**calls_after_it), for sub-agents or context compaction. None: the "
+              "agent's own trajectory_mode attribute, else 'concat'.",
+        one_of("concat", "individual"))
 
 
 @dataclass

@@ -9,9 +9,12 @@ out), parsed back into OpenAI replies, and recorded token for token. Modules:
 * :mod:`.tools` — tool-call parsing in the ``<tool_call>{...}</tool_call>`` format;
 * :mod:`.ids` — completion and tool-call ids, episode keys (no system call each);
 * :mod:`.session` — one episode's completions: chains of calls, recording, replies;
-* :mod:`.trajectories` — recorded calls to trajectories (extension and the turn discount);
+* :mod:`.trajectories` — recorded calls to trajectories (``concat`` / ``individual``, the turn discount);
 * :mod:`.client` — the in-process ``AsyncOpenAI`` stand-in bound to an episode;
-* :mod:`.http` — the loopback ``/v1/chat/completions`` endpoint;
+* :mod:`.routes` — serving another API's requests through a chat session (a translation each);
+* :mod:`.responses` — OpenAI's Responses API (``/v1/responses``) as chat completions;
+* :mod:`.messages` — Anthropic's Messages API (``/v1/messages``) as chat completions;
+* :mod:`.http` — the loopback endpoint (``/v1/chat/completions`` and the translated routes);
 * :mod:`.loopback` — one such endpoint per event loop, shared by its episodes;
 * :mod:`.agent` — agents written as ``async def agent(client, row)`` as rollout agents.
 """

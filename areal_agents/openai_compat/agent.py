@@ -8,7 +8,9 @@ instances are such callables, built with ``agent.kwargs``), registered with
 this process or another): the loop's one loopback server, with the episode's key in the path.
 The env is reset with the row first; the agent's return value is the episode's reward, or,
 when it returns None, the env scores the last reply (``env.step(content)``). The calls become
-trajectories as :mod:`~areal_agents.openai_compat.trajectories` says.
+trajectories as :mod:`~areal_agents.openai_compat.trajectories` says, in the agent's trajectory
+mode: ``agent.trajectory_mode`` in the config when set, else the agent's own ``trajectory_mode``
+attribute (``my_agent.trajectory_mode = "individual"``, or a class attribute), else ``concat``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from areal_agents.agent import Agent, checked_step, jsonable
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.loopback import loop_endpoint
 from areal_agents.openai_compat.session import ChatSession
-from areal_agents.openai_compat.trajectories import assemble
+from areal_agents.openai_compat.trajectories import assemble, check_mode
 from areal_agents.types import Trajectory, check_turn_discount
 
 if TYPE_CHECKING:
@@ -66,10 +68,12 @@ class _EpisodeGenerate:
 class OpenAIAgent(Agent):
     """Plays an episode with an OpenAI-style agent function (see the module docstring)."""
 
-    def __init__(self, fn: AgentFn, *, turn_discount: float = 1.0, sampling: dict[str, Any] | None = None) -> None:
+    def __init__(self, fn: AgentFn, *, turn_discount: float = 1.0, sampling: dict[str, Any] | None = None,
+                 trajectory_mode: str | None = None) -> None:
         self.fn = fn
         self.turn_discount = check_turn_discount(turn_discount)
         self.sampling = dict(sampling or {})
+        self.trajectory_mode = check_mode(trajectory_mode or getattr(fn, "trajectory_mode", None) or "concat")
 
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
         try:
@@ -95,7 +99,7 @@ class OpenAIAgent(Agent):
         elif result is not None:
             return Trajectory(status="agent_error", info={"error": f"the agent returned {result!r}, not a finite "
                                                                    "number (the reward) or None"})
-        trajs = assemble(session.records, reward, self.turn_discount)
+        trajs = assemble(session.records, reward, self.turn_discount, self.trajectory_mode)
         if not trajs:
             return Trajectory(status="agent_error", info={"error": "the agent made no chat.completions calls"})
         main = trajs[-1]
@@ -103,7 +107,7 @@ class OpenAIAgent(Agent):
         if any(r.finish_reason == "abort" for r in session.records) and status == "ok":
             status = "aborted"
         main.status = status
-        info.update(num_calls=len(session.records), num_trajectories=len(trajs),
+        info.update(num_calls=len(session.records), num_trajectories=len(trajs), trajectory_mode=self.trajectory_mode,
                     turn_finish_reasons=[r.finish_reason for r in session.records])
         main.info.update(jsonable(info))
         for traj in trajs:  # the texts the run's samples log shows

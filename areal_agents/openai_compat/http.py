@@ -1,9 +1,10 @@
 """The loopback ``/v1/chat/completions`` endpoint (aiohttp; no torch).
 
 Routes: ``POST /v1/chat/completions`` (JSON, or ``chat.completion.chunk`` server-sent events
-ending in ``data: [DONE]`` with ``stream: true``) and ``GET /v1/models``, also under
+ending in ``data: [DONE]`` with ``stream: true``), the :data:`ROUTES` of other APIs translated to
+chat completions (``POST /v1/responses``, ``POST /v1/messages``) and ``GET /v1/models``, also under
 ``/<key>/v1/...``. A request reaches the :class:`~areal_agents.openai_compat.session.ChatSession`
-registered under its key, given in the path or as the API key (``Authorization: Bearer <key>``);
+registered under its key, given in the path or as the API key (``Authorization: Bearer <key>`` or ``x-api-key: <key>``);
 with a ``fallback`` (``areal-agents serve``) a request without a known key gets a fresh,
 unrecorded session. Errors are OpenAI's ``{"error": {...}}`` with a 4xx status for bad input.
 The routes are the table :data:`ROUTES`; :class:`Endpoint` serves them for many episodes at
@@ -24,6 +25,9 @@ from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.protocol import InferenceError
 from areal_agents.llm import Generation, Tokenizer
 from areal_agents.openai_compat.ids import new_key
+from areal_agents.openai_compat.messages import MESSAGES
+from areal_agents.openai_compat.responses import RESPONSES
+from areal_agents.openai_compat.routes import translated
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
 
@@ -47,6 +51,8 @@ def _key(request: web.Request) -> str | None:
     auth = request.headers.get("Authorization", "")
     if key is None and auth.startswith("Bearer "):
         key = auth[len("Bearer "):].strip()
+    if key is None and "x-api-key" in request.headers:  # how Anthropic's clients send the API key
+        key = request.headers["x-api-key"].strip()
     return key
 
 
@@ -95,6 +101,8 @@ async def _models(request: web.Request) -> web.Response:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/chat/completions", _chat),
+    ("POST", "/v1/responses", translated(RESPONSES, _session)),  # :mod:`.responses`, translated to chat
+    ("POST", "/v1/messages", translated(MESSAGES, _session)),  # :mod:`.messages`, translated to chat
     ("GET", "/v1/models", _models),
 ]
 """``(method, path, handler)`` of every route; each is also served under ``/<key>``."""

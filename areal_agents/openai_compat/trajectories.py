@@ -7,7 +7,15 @@ tokens are appended as context (loss mask 0) and the completion as generated tok
 completion starts a trajectory of its own. The episode's reward ``R`` reaches every trajectory
 through the turn discount γ, counted in completions back from the episode's last: a trajectory
 whose last completion is ``d`` completions before the episode's last gets ``γ^d · R`` on its
-last turn (0 on its earlier turns), so the last completion gets ``γ^0 · R = R``.
+last turn (0 on its earlier turns), so the last completion gets ``γ^0 · R = R``. This is the
+``concat`` mode (:data:`MODES`).
+
+In the ``individual`` mode every completion is a trajectory of its own (its prompt as context,
+its completion as generated tokens), whether or not its prompt extends an earlier one: the
+completion ``d`` completions before the episode's last gets ``γ^d · R``. Use it for agents whose
+calls do not extend one another (sub-agents, context compaction, rewritten histories), where
+``concat`` would give as many trajectories anyway, each a different length; ``concat`` trains a
+multi-turn conversation as one sequence (shared prompt tokens once, per-turn returns).
 """
 
 from __future__ import annotations
@@ -17,21 +25,33 @@ from collections.abc import Sequence
 from areal_agents.openai_compat.session import CallRecord
 from areal_agents.types import Trajectory
 
-__all__ = ["assemble"]
+__all__ = ["MODES", "assemble", "check_mode"]
+
+MODES = ("concat", "individual")
+"""The trajectory modes: one trajectory per chain of extending calls, or one per call."""
 
 
-def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float) -> list[Trajectory]:
-    """The trajectories of an episode's ``records`` (see the module docstring).
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`MODES`; else ``ValueError`` naming them."""
+    if mode not in MODES:
+        raise ValueError(f"trajectory_mode must be one of {', '.join(MODES)} (got {mode!r})")
+    return mode
+
+
+def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float,
+             mode: str = "concat") -> list[Trajectory]:
+    """The trajectories of an episode's ``records`` in ``mode`` (see the module docstring).
 
     The last entry holds the episode's last completion; each trajectory's ``info`` has
     ``calls`` (the record indices it holds).
     """
+    check_mode(mode)
     ordered = sorted(records, key=lambda r: r.index)
     trajs: list[Trajectory] = []
     for rec in ordered:
         prompt = list(rec.prompt_ids)
-        target = max((t for t in trajs if prompt[: t.num_tokens] == t.input_ids), key=lambda t: t.num_tokens,
-                     default=None)
+        target = None if mode == "individual" else max(
+            (t for t in trajs if prompt[: t.num_tokens] == t.input_ids), key=lambda t: t.num_tokens, default=None)
         if target is None:
             target = Trajectory(info={"calls": []})
             trajs.append(target)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from areal_agents.config import ExperimentConfig
+from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import EpisodesFailed, blame, describe, failure_message
 from areal_agents.registry import agents, envs
 from areal_agents.types import Trajectory
@@ -182,7 +182,11 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
 
     if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
         fn: Any = agent_cls(**cfg.agent.kwargs) if inspect.isclass(agent_cls) else agent_cls  # a class: with kwargs
-        return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling)
+        return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling,
+                           trajectory_mode=cfg.agent.trajectory_mode)
+    if cfg.agent.trajectory_mode is not None:
+        raise ConfigError("agent.trajectory_mode", f"applies to OpenAI-style agents (async def agent(client, row)); "
+                                                   f"{cfg.agent.name!r} is not one")
     return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
                         "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,
                         "sampling": sampling, **cfg.agent.kwargs})

@@ -105,6 +105,16 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents run --config examples/openai_agent/config.yaml":
             "tests/examples/test_examples_openai_agent.py::test_example_config_trains",
     },
+    "examples/openai_agents_sdk/README.md": {
+        "areal-agents run --config examples/openai_agents_sdk/config.yaml":
+            "tests/examples/test_examples_agent_frameworks.py::test_framework_example_trains",
+        "areal-agents run --config examples/openai_agents_sdk/config.yaml agent.name=sdk-unit-convert-chat":
+            "tests/examples/test_examples_agent_frameworks.py::test_framework_example_trains",
+    },
+    "examples/langgraph_agent/README.md": {
+        "areal-agents run --config examples/langgraph_agent/config.yaml":
+            "tests/examples/test_examples_agent_frameworks.py::test_framework_example_trains",
+    },
     "docs/reliability.md": {
         "pytest tests/reliability -m not slow": "not run: the tests themselves",
         "pytest tests/reliability -m slow": "not run: the tests themselves",
@@ -165,6 +175,12 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "# train.py": "tests/examples/test_examples_docs.py::test_customize_train_script_with_its_agent_trains_as_written",
     },
     "docs/byo_agent.md": {"# my_agent.py": "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written"},
+    "examples/openai_agents_sdk/README.md": {
+        "openai_client = AsyncOpenAI(base_url=await client.http_endpoint(), api_key=client.api_key, max_retries=0)":
+            "tests/examples/test_examples_agent_frameworks.py::test_readme_excerpts_are_the_example_code"},
+    "examples/langgraph_agent/README.md": {
+        "llm = ChatOpenAI(model=\"policy\", base_url=await client.http_endpoint(), api_key=client.api_key, "
+        "max_retries=0)": "tests/examples/test_examples_agent_frameworks.py::test_readme_excerpts_are_the_example_code"},
     "docs/algorithms.md": {"# my_algo.py — import it before load_config (e.g. from your launcher script)":
                            f"{_HERE}::test_algorithms_doc_registration_applies_its_defaults"},
     "docs/concepts.md": {

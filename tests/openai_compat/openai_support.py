@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,18 @@ def corpus(n: int = 300, seed: int = 0) -> Iterator[str]:
 
 def build_model(root: Path, seed: int = 0) -> Path:
     return build_tiny_model(corpus(), root / f"m{seed}", seed=seed)
+
+
+@contextlib.contextmanager
+def served(model: Path, log_dir: Path) -> Iterator[Any]:
+    """One embedded inference server on ``model`` (a :class:`ServerGroup`), stopped on exit."""
+    from areal_agents.config import ExperimentConfig
+    from areal_agents.inference.launcher import launch_servers
+
+    cfg = ExperimentConfig()
+    cfg.inference.setup_timeout = 120.0
+    with launch_servers(cfg, model, 1, log_dir=log_dir, env={"OMP_NUM_THREADS": "1"}) as group:
+        yield group
 
 
 def load_tokenizer(model: Path) -> Any:
