@@ -83,8 +83,8 @@ class SeededGameEnv(TurnLimitedEnv):
         return obs, reward, ended, {**info, "success": bool(ended and reward >= self.success_reward)}
 
     def _isolated(self, call: Callable[[], T]) -> T:
-        """``call()`` under the library's lock with this episode's random state; the process's
-        random state is the same afterwards."""
+        """``call()`` (any call into the library, its constructors too) under the library's lock
+        with this episode's random state; the process's random state is the same afterwards."""
         with type(self).library_lock:
             outer: _RandomState = (random.getstate(), np.random.get_state())
             try:

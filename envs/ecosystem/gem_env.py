@@ -43,7 +43,7 @@ class GemEnv(SeededGameEnv):
         super().__init__(max_turns, success_reward)
         gem = _import_gem()
         try:
-            self.gem_env = gem.make(env_id, **(env_kwargs or {}))
+            self.gem_env = self._isolated(lambda: gem.make(env_id, **(env_kwargs or {})))  # some reset on creation
         except ValueError as exc:  # an unknown id
             raise ValueError(f"gem: {exc}") from None
         self.env_id = env_id

@@ -28,7 +28,7 @@ class TextArenaEnv(SeededGameEnv):
         super().__init__(max_turns, success_reward)
         ta = import_library("textarena", "textarena", "textarena")
         try:
-            self.game = ta.make(game, **(game_kwargs or {}))
+            self.game = self._isolated(lambda: ta.make(game, **(game_kwargs or {})))
         except ValueError as exc:  # an unknown id
             raise ValueError(f"textarena: {exc}") from None
         self.game_id = game
