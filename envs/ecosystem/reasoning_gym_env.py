@@ -87,11 +87,12 @@ def reasoning_gym_reward(completion: str, task: str | None = None, entry: dict[s
 
 
 class ReasoningGymEnv(MathEnv):
-    """Single turn, like ``math``: the observation is the question (with ``instruction`` appended
-    when set), the reply is scored by the task's ``score_answer`` (reward ``reasoning-gym``;
-    ``extract`` says where the answer is, see :func:`extract_reply`); a reward of 1.0 is a
-    success. ``task`` and ``task_config`` (the task's config fields, e.g. ``{"min_terms": 2}``)
-    also choose the rows of the default dataset, so ``env.kwargs.task=chain_sum`` is all a run needs.
+    """Single turn, like ``math``: the observation is the question, the reply is scored by the
+    task's ``score_answer`` (reward ``reasoning-gym``; ``extract`` says where the answer is, see
+    :func:`extract_reply`); a reward of 1.0 is a success. ``task`` and ``task_config`` (the task's
+    config fields, e.g. ``{"min_terms": 2}``) also choose the rows of the default dataset, so
+    ``env.kwargs.task=chain_sum`` is all a run needs. (An instruction such as reasoning-gym's
+    "answer in <answer></answer> tags" goes in ``agent.system_prompt``.)
     """
 
     default_dataset = "reasoning-gym"
@@ -99,12 +100,12 @@ class ReasoningGymEnv(MathEnv):
     required_fields = ("prompt", "task", "entry")
 
     def __init__(self, task: str = "chain_sum", task_config: dict[str, Any] | None = None, extract: str = "auto",
-                 instruction: str | None = None, reward: str = "reasoning-gym") -> None:
+                 reward: str = "reasoning-gym") -> None:
         super().__init__(reward=reward)
         if extract not in EXTRACTORS:
             raise ValueError(f"reasoning-gym env: extract must be one of {', '.join(EXTRACTORS)} (got {extract!r})")
         _task_dataset(task, dict(task_config or {}))  # an unknown task or config fails here, in one line
-        self.task, self.extract, self.instruction = task, extract, instruction
+        self.task, self.extract = task, extract
         self.dataset_kwargs = self.dataset_kwargs_for({"task": task, "task_config": task_config})
 
     @classmethod
@@ -113,10 +114,6 @@ class ReasoningGymEnv(MathEnv):
         if env_kwargs.get("task_config"):
             kwargs["task_config"] = dict(env_kwargs["task_config"])
         return kwargs
-
-    def start(self, row: dict[str, Any]) -> str:
-        prompt = str(row["prompt"])
-        return f"{prompt}\n{self.instruction}" if self.instruction else prompt
 
     def compute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         return super().compute_reward(reward, completion, {**row, "extract": self.extract})

@@ -54,8 +54,6 @@ def test_reasoning_gym_scores_with_the_tasks_own_score_answer() -> None:
     gold = counting.row["answer"]
     # letter_counting keeps reasoning-gym's base score_answer: partial credit for an answer that contains the gold one
     assert score(f"<answer>{gold}00</answer>", **counting.row) == pytest.approx(len(gold) / (len(gold) + 2))
-    assert make_env("reasoning-gym", instruction="Reply in <answer></answer>.").reset(seed=1)[0].endswith(
-        "\nReply in <answer></answer>.")
 
 
 def test_answer_extraction() -> None:
