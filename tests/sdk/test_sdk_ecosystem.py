@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +134,14 @@ def test_importing_gem_leaves_the_root_logger_alone() -> None:
             "print(len(root.handlers), root.level)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["0", str(logging.WARNING)]
+
+
+def test_the_docs_example_runs_verbatim(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "ecosystem.md").read_text(), flags=re.DOTALL)
+    assert len(blocks) == 1
+    (tmp_path / "example.py").write_text(blocks[0])
+    out = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True,
+                         timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "1.0"
