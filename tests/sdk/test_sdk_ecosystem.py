@@ -30,6 +30,11 @@ def test_env_kwargs_task_chooses_the_rows_of_a_run() -> None:
     assert all("letter" in r["prompt"] for r in train)
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
     assert load_dataset_rows(cfg, "train") == train  # seeded
+    two_terms = load_config(overrides=["env.name=reasoning-gym", "env.kwargs.task=chain_sum", "data.train_size=20",
+                                       "env.kwargs.task_config={min_terms: 2, max_terms: 2}"])
+    rows = load_dataset_rows(two_terms, "train")
+    assert all(r["task_config"] == {"min_terms": 2, "max_terms": 2} for r in rows)
+    assert all(len(re.findall(r" [-+] ", r["prompt"])) == 1 for r in rows)  # "a + b =": the config reached the task
 
 
 def test_reset_without_a_row_draws_from_the_envs_own_task() -> None:
