@@ -41,7 +41,7 @@ class GemEnv(SeededGameEnv):
     def __init__(self, env_id: str = "game:GuessTheNumber-v0-easy", env_kwargs: dict[str, Any] | None = None,
                  max_turns: int = 16, success_reward: float = 1.0, suffix: bool = True) -> None:
         super().__init__(max_turns, success_reward)
-        gem = _import_gem()
+        gem = self._isolated(_import_gem)
         try:
             self.gem_env = self._isolated(lambda: gem.make(env_id, **(env_kwargs or {})))  # some reset on creation
         except ValueError as exc:  # an unknown id

@@ -26,7 +26,7 @@ class TextArenaEnv(SeededGameEnv):
     def __init__(self, game: str = "GuessTheNumber-v0", game_kwargs: dict[str, Any] | None = None,
                  max_turns: int = 16, success_reward: float = 1.0) -> None:
         super().__init__(max_turns, success_reward)
-        ta = import_library("textarena", "textarena", "textarena")
+        ta = self._isolated(lambda: import_library("textarena", "textarena", "textarena"))  # it draws on import
         try:
             self.game = self._isolated(lambda: ta.make(game, **(game_kwargs or {})))
         except ValueError as exc:  # an unknown id

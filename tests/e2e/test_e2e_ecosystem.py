@@ -60,8 +60,8 @@ def test_ecosystem_env_trains(tmp_path: Path, name: str) -> None:
     for r in train:
         assert r["rollout/accepted"] >= 8
         assert not any(k.startswith("rollout/failed/") and v for k, v in r.items()), r
-    if name != "reasoning-gym":  # the games are played over several replies
-        assert max(r["rollout/turns"] for r in train) > 1.0
+    if name == "textarena":  # a game of several replies (GEM's games end at the first reply without a
+        assert max(r["rollout/turns"] for r in train) > 1.0  # \\boxed{} move, as the untrained model's are)
     assert any("eval/accuracy" in r for r in rows)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and all(prompt_text in s["prompt"] for s in samples)

@@ -118,6 +118,7 @@ def test_the_rows_seed_sets_up_the_game_and_episodes_do_not_share_random_state(n
     for i, trace in enumerate(traces):
         assert trace == traces[i % 4]  # the same seed and moves: the same game, whatever ran beside it
     assert len({repr(t) for t in traces[:4]}) > 1
+    assert max(len(t) for t in traces) > 2  # games of more than one move
 
 
 def test_textarena_observations_are_the_new_messages_and_the_game_scores_the_end() -> None:
