@@ -65,3 +65,14 @@ def test_ecosystem_env_trains(tmp_path: Path, name: str) -> None:
     assert any("eval/accuracy" in r for r in rows)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and all(prompt_text in s["prompt"] for s in samples)
+
+
+def test_a_game_without_a_model_says_so_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "areal_agents.cli", "run", "--env", "textarena",
+                           f"output_dir={tmp_path / 'runs'}", "logging.progress=false"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: actor.path: env 'textarena' gives no reference_completion for its rows, so the tiny default model "
+        "cannot be warm-started on it: set actor.path to a model"]
