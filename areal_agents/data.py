@@ -201,7 +201,8 @@ def gsm8k_dataset(
 def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]:
     """Rows for ``split`` as ``cfg`` describes them.
 
-    The dataset is ``cfg.data.name`` or else the env's ``default_dataset`` (with its
+    The dataset is ``cfg.data.name`` or else the env's ``default_dataset`` (with the keyword
+    arguments its ``dataset_kwargs_for(cfg.env.kwargs)`` gives, by default its
     ``default_dataset_kwargs``); ``cfg.data.kwargs`` are added, ``cfg.data.path`` is passed
     as ``path`` when set, and ``size`` is ``cfg.data.train_size`` / ``test_size`` when the
     factory accepts it (file datasets keep their first rows).
@@ -214,7 +215,9 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
         name = getattr(env_cls, "default_dataset", None)
         if not name:
             raise DatasetError(f"env {cfg.env.name!r} has no default_dataset: set data.name")
-        kwargs.update(getattr(env_cls, "default_dataset_kwargs", {}) or {})
+        kwargs_for = getattr(env_cls, "dataset_kwargs_for", None)  # an Env subclass; a factory may lack it
+        kwargs.update(kwargs_for(dict(cfg.env.kwargs)) if callable(kwargs_for)
+                      else getattr(env_cls, "default_dataset_kwargs", {}) or {})
     kwargs.update(cfg.data.kwargs)
     if cfg.data.path is not None:
         kwargs["path"] = cfg.data.path

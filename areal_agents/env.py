@@ -141,7 +141,9 @@ class Env(gymnasium.Env):
     Class attributes a subclass may set:
 
     * ``default_dataset`` — registered dataset whose rows this env plays by default;
-    * ``default_dataset_kwargs`` — keyword arguments for that dataset;
+    * ``default_dataset_kwargs`` — keyword arguments for that dataset (an env whose constructor
+      arguments decide them, e.g. a task name, overrides :meth:`dataset_kwargs_for` and sets
+      ``self.dataset_kwargs`` in ``__init__``);
     * ``default_config`` — config keys a run of this env uses unless the YAML or an override
       sets them (nested dicts, e.g. ``{"agent": {"name": "my-agent"}}``);
     * ``tools`` — OpenAI function specs the model is shown (:class:`~areal_agents.agent.ChatAgent`
@@ -161,6 +163,7 @@ class Env(gymnasium.Env):
 
     default_dataset: ClassVar[str | None] = None
     default_dataset_kwargs: ClassVar[dict[str, Any]] = {}
+    dataset_kwargs: dict[str, Any] | None = None  # this instance's, when its constructor arguments decide them
     default_config: ClassVar[dict[str, Any]] = {}
     tools: list[dict[str, Any]] | None = None
     observation_space = TextSpace(allow_messages=True)
@@ -228,15 +231,23 @@ class Env(gymnasium.Env):
                 raise ValueError(f"{type(self).__name__}.reset: the row needs a {key!r} field (got {sorted(row)})")
         return row
 
+    @classmethod
+    def dataset_kwargs_for(cls, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of ``default_dataset`` for an env built with ``env_kwargs``
+        (``cfg.env.kwargs``): ``default_dataset_kwargs`` unless a subclass derives them from its
+        constructor arguments (``env.kwargs.task=chain_sum`` picks the rows of that task)."""
+        return dict(cls.default_dataset_kwargs)
+
     def sample_row(self) -> dict[str, Any]:
-        """A copy of a row of ``default_dataset`` (its ``train`` split, with ``default_dataset_kwargs``;
-        at most 256 rows unless they set ``size``) drawn with ``self.np_random``, so ``reset(seed=s)``
+        """A copy of a row of ``default_dataset`` (its ``train`` split, with ``self.dataset_kwargs`` or else
+        ``default_dataset_kwargs``; at most 256 rows unless they set ``size``) drawn with ``self.np_random``, so ``reset(seed=s)``
         draws the same row for the same ``s``. The rows are loaded once per dataset and kwargs."""
         cls = type(self)
         if not cls.default_dataset:
             raise ValueError(f"{cls.__name__}.reset() needs options=<dataset row>: the env has no default_dataset "
                              "to draw one from (set default_dataset to a registered dataset name)")
-        rows = default_rows(cls.default_dataset, cls.default_dataset_kwargs)
+        kwargs = cls.default_dataset_kwargs if self.dataset_kwargs is None else self.dataset_kwargs
+        rows = default_rows(cls.default_dataset, kwargs)
         return dict(rows[int(self.np_random.integers(len(rows)))])
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from areal_agents.config import ExperimentConfig, LoraConfig, SFTConfig
+from areal_agents.config import ConfigError, ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
 from trainers.warm_check import episode_check, is_multi_turn
 
@@ -324,8 +324,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     tokenizer = AutoTokenizer.from_pretrained(base)
     examples, _ = render_examples(cfg, tokenizer, env, train_rows)
     if not examples:
-        raise ValueError(f"env {cfg.env.name!r} gives no reference_completion for its rows: cannot warm-start; "
-                         "set actor.path to a model")
+        raise ConfigError("actor.path", f"env {cfg.env.name!r} gives no reference_completion for its rows, so the "
+                          "tiny default model cannot be warm-started on it: set actor.path to a model")
     eval_fn: Callable[[Any], dict[str, float]] | None = None
     check = "exact_match" if exact else "episodes" if multi else "greedy"
     # the rendered eval rows, for the checks that run the model here (an episode check renders its own)
