@@ -62,13 +62,15 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def builtin_env_defaults() -> dict[str, dict[str, Any]]:
-    """Each built-in env's ``default_config`` as flat ``key -> value`` (the envs of the ``envs`` package)."""
+    """Each built-in env's ``default_config`` as flat ``key -> value`` (the envs of the ``envs`` package,
+    not its adapters of other libraries)."""
     from areal_agents.registry import envs
 
     found: dict[str, dict[str, Any]] = {}
     for name in envs.names():
         cls = envs.get(name)
-        if getattr(cls, "__module__", "").startswith("envs."):
+        module = getattr(cls, "__module__", "")
+        if module.startswith("envs.") and not module.startswith("envs.ecosystem."):  # not the adapters
             found[name] = _flatten(dict(getattr(cls, "default_config", None) or {}))
     return found
 

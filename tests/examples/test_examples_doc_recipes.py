@@ -190,6 +190,8 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
     },
     "docs/rollout.md": {"from areal_agents.rollout import RolloutExecutor": "not run: a fragment (cfg, train, ...)"},
     "docs/gpu.md": {"# write_gsm8k.py": "not run: downloads GSM8K from the Hugging Face Hub"},
+    "docs/ecosystem.md": {"from areal_agents import check_env, make_env":
+                          "tests/sdk/test_sdk_ecosystem.py::test_the_docs_example_runs_verbatim"},
     "docs/rewards.md": {
         'def my_reward(completion: str, *, answer: str = "", **row) -> float:': f"{_HERE}::test_rewards_doc_blocks_run",
         "# my_rewards.py": "not run: a signature (the README's and quickstart's rewards are registered this way)",
