@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -169,6 +168,7 @@ def faulty() -> Iterator[tuple[str, list[Any], Counter]]:
         return web.Response(status=status, body=body, content_type="application/json")
 
     async def health(request: web.Request) -> web.Response:
+        hits["health"] += 1
         return web.Response(status=200)
 
     port = free_port()
@@ -233,10 +233,9 @@ def test_one_5xx_from_the_only_server_waits_for_its_reprobe_instead_of_failing(
         await asyncio.sleep(0.05)  # the 503 has marked the server down; these start while it is
         return [await first, *await asyncio.gather(*(c.generate([1], SAMPLING) for _ in range(3)))]
 
-    t0 = time.monotonic()
     gens = run(main, client)
     assert [g.output_ids for g in gens] == [[5, 6]] * 4 and hits["generate"] == 5
-    assert 0.9 < time.monotonic() - t0 < 5 and client.stats["failovers"] == 1
+    assert hits["health"] >= 1 and client.stats["failovers"] == 1  # they waited for a /health re-probe
 
 
 def test_abort_replies_are_resumed_with_the_remaining_budget(faulty: tuple[str, list, Counter]) -> None:
