@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -114,7 +115,10 @@ def test_a_bad_request_fails_alone_and_a_cancelled_one_leaves_its_batch_going(pa
         first = await asyncio.gather(*good, bad, return_exceptions=True)
         tasks = [asyncio.ensure_future(client.generate([1, 2, i + 3], {"max_new_tokens": 200, "ignore_eos": True}))
                  for i in range(3)]
-        await asyncio.sleep(0.1)  # the batch is on its way
+        deadline = time.monotonic() + 30
+        while client.inflight[0] < 1 and time.monotonic() < deadline:  # until the batch is on its way
+            await asyncio.sleep(0.002)
+        assert client.inflight[0] == 1
         tasks[1].cancel()
         second = await asyncio.gather(*tasks, return_exceptions=True)
         return first, second
@@ -141,7 +145,10 @@ def test_killed_server_requests_finish_on_the_other(models: tuple[Path, Path], t
         # idle machine 24 x 300 tokens finish in about half a second)
         tasks = [asyncio.ensure_future(client.generate([3, 4, 5], {"max_new_tokens": N_NEW, "ignore_eos": True},
                                                        rid=f"ep-{i}")) for i in range(24)]  # fmt: skip
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while min(client.inflight) < 1 and time.monotonic() < deadline:  # posts on their way to both servers
+            await asyncio.sleep(0.002)
+        assert min(client.inflight) >= 1, client.inflight
         assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
         os.killpg(victim.process.pid, signal.SIGKILL)
         return await asyncio.gather(*tasks)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -263,20 +262,13 @@ def test_prompt_scoring_only_and_per_prompt_lists(server: ServerHandle, ref: Any
 
 # ------------------------------------------------------------------------- SGLang's frontend itself
 def sglang_wheel() -> Path:
-    """SGLang's wheel alone, installed once under the cache, apart from the environment."""
+    """SGLang's wheel alone, apart from the environment: installed by the CI's install step
+    (``.ci/run``), never from the package index during a test (its metadata pins a CUDA torch,
+    so it cannot be a dependency of the ``dev`` extra)."""
     target = cache_dir() / f"sglang-{SGLANG_VERSION}"
-    if (target / "sglang" / "lang" / "api.py").is_file():
-        return target
-    staging = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                           "--target", str(staging), f"sglang=={SGLANG_VERSION}"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, f"installing SGLang's wheel failed (needs PyPI once):\n{proc.stderr[-2000:]}"
-    try:
-        staging.rename(target)
-    except OSError:  # another run installed it meanwhile
-        shutil.rmtree(staging, ignore_errors=True)
+    assert (target / "sglang" / "lang" / "api.py").is_file(), (
+        f"SGLang's frontend is not installed at {target}: pip install --no-deps --target {target} "
+        f"sglang=={SGLANG_VERSION} (as .ci/run does)")
     return target
 
 
