@@ -122,7 +122,10 @@ def test_allocation_mode_sets_the_device_split(monkeypatch, tmp_path):
 
 def test_remote_servers_join_a_weight_group_at_a_reachable_address():
     base = ["trainer.weight_sync=gloo", "inference.backend=remote"]
-    assert load_config(overrides=[*base, "inference.addresses=[127.0.0.1:30000]"])  # loopback: fine
+    cfg = load_config(overrides=[*base, "inference.addresses=[127.0.0.1:30000]"])  # loopback: fine
+    assert (cfg.inference.addresses, cfg.trainer.weight_sync_address) == (["127.0.0.1:30000"], "127.0.0.1")
+    with pytest.raises(ValueError, match=r"trainer.weight_sync_address: servers on other hosts \(gpu-7\) cannot join"):
+        load_config(overrides=[*base, "inference.addresses=[gpu-7:30000]"])  # a far server, a loopback group
     cfg = load_config(overrides=[*base, "inference.addresses=[gpu-7:30000]", "trainer.weight_sync_address=10.0.0.5"])
     assert cfg.trainer.weight_sync_address == "10.0.0.5"
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from examples_support import DOCS, ROOT, TINY, metrics_rows, package_env, run_command, train_steps
 
 from areal_agents.config_loader import load_config
@@ -258,7 +259,16 @@ def test_gpu_and_remote_commands_are_valid_configs(tmp_path: Path) -> None:
             assert (cfg.actor.dtype, cfg.trainer.device, cfg.sglang.mem_fraction_static) == ("bfloat16", "cuda", 0.4)
         else:
             assert proc.returncode == 0, proc.stderr
-            assert "gpu-node-2:30000" in proc.stdout or "sglang" in proc.stdout
+            shown = yaml.safe_load(proc.stdout)  # the resolved config: every key=value of the command, as given
+            pairs = [a.split("=", 1) for a in args[2:] if "=" in a and not a.startswith("-")]
+            assert len(pairs) >= 2, args
+            if "--env" in args:
+                assert shown["env"]["name"] == args[args.index("--env") + 1]
+            for key, value in pairs:
+                node = shown
+                for part in key.split("."):
+                    node = node[part]
+                assert node == yaml.safe_load(value), (key, node, value)
 
 
 def test_quickstart_list_names_every_registry(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 import pytest
 from inference_support import make_models, reforward_logprobs, start_servers
 
+from areal_agents.inference import control
 from areal_agents.inference.launcher import ServerHandle
 
 
@@ -154,6 +156,10 @@ def test_stop_rules(server: ServerHandle, models: tuple[Path, Path]) -> None:
 def test_concurrent_requests_share_forward_passes(server: ServerHandle) -> None:
     before = httpx.get(server.url + "/server_info").json()["batching"]
 
+    async def waiting() -> int:
+        info = await asyncio.to_thread(httpx.get, server.url + "/server_info")
+        return int(info.json()["batching"]["num_waiting"])
+
     async def run() -> list[Any]:
         async with aiohttp.ClientSession() as session:
             async def one(i: int) -> Any:
@@ -161,7 +167,17 @@ def test_concurrent_requests_share_forward_passes(server: ServerHandle) -> None:
                 async with session.post(server.url + "/generate", json=body) as r:
                     return await r.json()
 
-            return await asyncio.gather(*(one(i) for i in range(24)))
+            # paused, the server queues them: all 24 are there together however slowly they arrive
+            await asyncio.to_thread(control.pause_generation, server.address, "in_place")
+            try:
+                calls = asyncio.gather(*(one(i) for i in range(24)))
+                deadline = time.monotonic() + 60
+                while await waiting() < 24 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert await waiting() == 24
+            finally:
+                await asyncio.to_thread(control.continue_generation, server.address)
+            return await calls
 
     outs = asyncio.run(run())
     after = httpx.get(server.url + "/server_info").json()["batching"]
@@ -307,9 +323,15 @@ def test_a_client_that_goes_away_frees_its_batch_slot(server: ServerHandle) -> N
         return httpx.get(server.url + "/server_info").json()["batching"]
 
     before = batching()["generated_tokens"]
-    body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(server.url + "/generate", json=body, timeout=0.3)
+    body = json.dumps({"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}).encode()
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:  # a client that sends, then goes away
+        conn.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while batching()["generated_tokens"] == before and time.monotonic() < deadline:  # until it is decoding
+            time.sleep(0.005)
+        assert batching()["num_running"] == 1
     deadline = time.monotonic() + 30
     while batching()["num_running"] and time.monotonic() < deadline:
         time.sleep(0.02)

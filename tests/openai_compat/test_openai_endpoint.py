@@ -190,4 +190,7 @@ def test_weight_update_in_the_middle_of_a_call(server: ServerGroup, models: tupl
     [rec] = session.records
     assert reply.usage.completion_tokens == len(rec.completion_ids) == n  # nothing lost to the interruption
     assert rec.versions == sorted(rec.versions) and set(rec.versions) == {0, 1}
-    assert json.dumps(reply.model_dump())  # a well-formed reply
+    [choice] = reply.choices  # a well-formed reply: the text of the recorded tokens, cut at max_new_tokens
+    assert (choice.finish_reason, choice.message.role) == ("length", "assistant")
+    assert choice.message.content == tokenizer.decode(rec.completion_ids, skip_special_tokens=True)
+    assert json.loads(json.dumps(reply.model_dump())) == reply.model_dump()

@@ -1,8 +1,10 @@
 """Shared pieces of the reliability suite: figures file, tiny model, real server subprocesses.
 
-Every test of the suite records what it measured with :func:`record`, into
-``benchmarks/results/reliability.json`` (one entry per fault), so that the documented
-reliability table comes from real runs.
+Every test of the suite records what it measured with :func:`record` (one entry per fault), so
+that the documented reliability table comes from real runs. The figures go to a file in the
+temporary directory unless ``AREAL_RELIABILITY_RESULTS`` names another one: running the tests
+modifies no tracked file; ``AREAL_RELIABILITY_RESULTS=benchmarks/results/reliability.json``
+refreshes the committed figures.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import random
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +31,8 @@ __all__ = ["REPO", "RESULTS", "alive", "corpus", "find_marker_processes", "make_
            "rss_mb", "start_servers"]
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "benchmarks" / "results" / "reliability.json"
+RESULTS = Path(os.environ.get("AREAL_RELIABILITY_RESULTS")
+               or Path(tempfile.gettempdir()) / f"areal-agents-reliability-{os.getuid()}.json").resolve()
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -46,7 +50,7 @@ def alive(pids: list[int]) -> list[int]:
 def record(fault: str, **figures: Any) -> None:
     """Merge ``figures`` of ``fault`` into the results file (safe across processes)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS.with_suffix(".lock.tmp"), "w") as lock:  # *.tmp is git-ignored
+    with open(RESULTS.with_suffix(".lock.tmp"), "w") as lock:  # *.tmp is git-ignored (benchmarks/results)
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

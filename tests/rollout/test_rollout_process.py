@@ -195,7 +195,8 @@ def test_signals_to_the_group_leave_the_child_to_the_trainer(server: ServerHandl
         proc.start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             os.kill(proc._proc.pid or 0, sig)
-        time.sleep(0.5)
+        # a round trip to the child: pending signals are delivered before it runs on to answer
+        assert "feeder" in proc.state_dict()
         assert proc._proc.poll() is None and "feeder" in proc.state_dict()
     finally:
         proc.shutdown()

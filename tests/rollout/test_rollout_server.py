@@ -129,7 +129,10 @@ def test_faults_staleness_and_weight_updates(server, models, tokenizer, reward_r
     with ex:
         sampler.start()
         for t in range(4):
+            seen, deadline = len(snapshots), time.monotonic() + 60
             batch = ex.prepare_batch(timeout=120)
+            while len(snapshots) < seen + 13 and time.monotonic() < deadline:  # the sampler saw this step
+                time.sleep(0.002)
             assert len(batch) == 4
             for group in batch:
                 assert len(group) == 2 and len({tr.info["seed"] for tr in group}) == 2
@@ -181,9 +184,12 @@ def test_pause_resume_across_weight_update_stamps_token_versions(server, models,
         first = ex.prepare_batch(timeout=120)
         assert all(set(gen_versions(tr)) == {0} for g in first for tr in g)
         deadline = time.monotonic() + 30
-        while client.inflight[0] < 4 and time.monotonic() < deadline:  # requests decoding at the server
+        while client.inflight[0] < 4 and time.monotonic() < deadline:  # requests at the server
             time.sleep(0.002)
-        time.sleep(0.02)
+        tokens = control.server_info(server.address)["batching"]["generated_tokens"]
+        while (control.server_info(server.address)["batching"]["generated_tokens"] < tokens + 8
+               and time.monotonic() < deadline):  # ... and decoding at version 0
+            time.sleep(0.002)
         # the weight update as the trainer brackets it
         ex.pause()
         control.pause_generation(server.address, mode=mode)
@@ -225,10 +231,8 @@ def test_clean_shutdown_with_requests_in_flight(server, tokenizer, at_version_0)
     while client.stats["requests"] < 8 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ex.counts()["running"] == 8
-    t0 = time.monotonic()
     ex.shutdown()
-    assert time.monotonic() - t0 < 10
-    c = ex.counts()
+    c = ex.counts()  # 8 aborted, none finished: the shutdown did not wait for the 400-token generations
     assert c["in_flight"] == 0 and c["failed"] == 8 and c["submitted"] == 8
     assert ex.stats()["rollout/failed/aborted"] == 8
     assert threads_drained(threads0)

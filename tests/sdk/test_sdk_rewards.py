@@ -130,10 +130,8 @@ def test_a_fast_path_decides_in_process_and_leaves_the_rest_to_a_worker() -> Non
 def test_a_hanging_reward_costs_one_timeout_not_the_run() -> None:
     with RewardRunner(timeout=1.0, max_workers=1) as runner:
         runner(length_reward, "warm")  # start the worker
-        t0 = time.monotonic()
-        result = runner(hang_reward, "x")
-        took = time.monotonic() - t0
-        assert result.status == "timeout" and result.value == 0.0 and 0.9 < took < 5.0
+        result = runner(hang_reward, "x")  # how soon: the slow test_a_hung_reward_times_out_without_stalling_the_others
+        assert result.status == "timeout" and result.value == 0.0
         # The hung worker was killed and replaced: the next call works at once.
         after = runner(length_reward, "abc")
         assert after.ok and after.value == 3.0
@@ -205,9 +203,8 @@ def test_acompute_waits_in_the_event_loop_times_out_and_survives_cancellation() 
             first = runner._idle[0]
             assert (await runner.acompute(length_reward, "abc")).value == 3.0
             assert threading.active_count() == threads and runner._idle == [first]  # same worker, no thread
-            t0 = time.monotonic()
             hung = await runner.acompute(hang_reward, "x")
-            assert hung.status == "timeout" and 0.9 < time.monotonic() - t0 < 5.0 and not first.alive()
+            assert hung.status == "timeout" and not first.alive()
             assert (await runner.acompute(length_reward, "ab")).value == 2.0  # a fresh worker
             second = runner._idle[0]
             task = asyncio.ensure_future(runner.acompute(sleep_reward, "x", {"seconds": 0.5}))
