@@ -67,7 +67,7 @@ class OpenAIAgent(Agent):
 
     def __init__(self, fn: AgentFn, *, turn_discount: float = 1.0, sampling: dict[str, Any] | None = None) -> None:
         self.fn = fn
-        self.turn_discount = check_turn_discount(turn_discount)
+        self.turn_discount = check_turn_discount(turn_discount)  # kept; the rollout applies it (settle_returns)
         self.sampling = dict(sampling or {})
 
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
@@ -94,7 +94,7 @@ class OpenAIAgent(Agent):
         elif result is not None:
             return Trajectory(status="agent_error", info={"error": f"the agent returned {result!r}, not a finite "
                                                                    "number (the reward) or None"})
-        trajs = assemble(session.records, reward, self.turn_discount)
+        trajs = assemble(session.records, reward)
         if not trajs:
             return Trajectory(status="agent_error", info={"error": "the agent made no chat.completions calls"})
         main = trajs[-1]

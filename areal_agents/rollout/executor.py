@@ -18,7 +18,8 @@ batch taken at version t started at version ≥ t − η. Each episode runs unde
   ``timeout``, ``server_error``, ``aborted``), whatever the policy; per status in
   ``rollout/failed/<status>``. ``failure_policy=drop`` drops the failed episode's whole group
   (batches keep groups of exactly ``group_size``); ``zero`` keeps it in its group with
-  reward 0 and its status set, so the trainer can mask it;
+  reward 0 (set where the episode ends, :func:`~areal_agents.rollout.returns.settle_returns`)
+  and its status set, so the trainer can mask it;
 - ``dropped`` — ``ok`` episodes discarded with their group: by the group filter
   (``nonzero_std``; after ``4 × batch_size`` groups in a row fail it, as when the policy
   always or never succeeds, groups are kept until one passes again, so that training goes
@@ -58,8 +59,9 @@ class RolloutExecutor:
     """Runs episode groups asynchronously and returns training batches (see the module doc).
 
     ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when
-    ``shuffle``); ``submit(row)`` adds a group by hand. ``turn_discount``, when given,
-    recomputes every ok trajectory's return from its ``turn_rewards``. ``group_filter``
+    ``shuffle``); ``submit(row)`` adds a group by hand. Every episode's return is settled from
+    its ``turn_rewards`` with ``turn_discount`` γ and ``cfg.failure_policy``
+    (:func:`~areal_agents.rollout.returns.settle_returns`). ``group_filter``
     overrides ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown``
     coroutine functions run on the executor's loop at shutdown (e.g. closing an HTTP client
     session that lives on that loop). ``bounded_staleness=False`` limits launches by
@@ -77,7 +79,7 @@ class RolloutExecutor:
         rows: Iterable[dict[str, Any]] | None = None,
         seed: int = 1,
         shuffle: bool = True,
-        turn_discount: float | None = None,
+        turn_discount: float = 1.0,
         group_filter: GroupFilter | None = None,
         on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
         bounded_staleness: bool = True,
@@ -89,7 +91,7 @@ class RolloutExecutor:
         self._episode_fn = episode_fn
         self._feeder = RowFeeder(rows, seed=seed, shuffle=shuffle, skip=cfg.skip_no_signal)
         self._seed = int(seed)
-        self._turn_discount = None if turn_discount is None else check_turn_discount(turn_discount)
+        self._turn_discount = check_turn_discount(turn_discount)
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
         self._filtered_in_a_row = 0  # groups the filter dropped since one passed it
         self._on_shutdown = list(on_shutdown)
@@ -396,7 +398,7 @@ class RolloutExecutor:
     # ------------------------------------------------------------------ completion
     def _on_done(self, g: Group, k: int, task: asyncio.Future[Any]) -> None:
         try:
-            traj = episode_outcome(task, g.cancel_reason, self._turn_discount)
+            traj = episode_outcome(task, g.cancel_reason, self._turn_discount, self.cfg.failure_policy)
             traj.group_id, traj.start_version = g.group_id, g.start_version
             traj.info.setdefault("episode_id", f"{g.group_id}-{k}")
             traj.info.setdefault("seed", g.seed + k)
@@ -424,8 +426,6 @@ class RolloutExecutor:
         elif failed and self.cfg.failure_policy == "drop":
             reason = "failed"
         else:
-            for t in failed:  # failure_policy == "zero": keep, with no reward
-                t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
             if self._filter is not None:
                 signal = self._filter(members)
                 self._filtered_in_a_row = 0 if signal else self._filtered_in_a_row + 1

@@ -66,7 +66,7 @@ def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
     return RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
                                                                     sampling=sampling_params(cfg)),
                            rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
-                           on_shutdown=[client.aclose])
+                           turn_discount=cfg.env.turn_discount, on_shutdown=[client.aclose])
 
 
 def registrations(cfg: ExperimentConfig | None = None) -> bytes:
