@@ -1,8 +1,12 @@
 """The RL recipe, top to bottom: ``areal-agents run``.
 
     rows ─► RolloutExecutor (async episodes on the inference servers, bounded staleness)
-         ─► prepare_batch ─► proximal / reference logprobs ─► advantages ─► train_batch
-         ─► pause rollout ─► weights to servers (version + 1) ─► resume ─► log / eval / save
+         ─► prepare_batch ─► reference logprobs, values ─► advantages ─► proximal logprobs
+         ─► train_batch ─► pause rollout ─► weights to servers (version + 1) ─► resume
+         ─► log / eval / save
+
+:func:`train_step` is where the algorithm's spec decides what a step computes (the engine
+offers the forward and backward passes and knows no algorithm).
 
 η = ``rollout.max_head_offpolicyness``: 0 gives synchronous RL, η > 0 lets rollouts run up to
 η versions ahead of the trainer. Both come from this same loop. With ``trainer.nproc > 1``
@@ -24,12 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight
-from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import RolloutExecutor
 from areal_agents.rollout.episode import run_eval
@@ -45,7 +49,7 @@ from trainers.rollout_only import write_rollouts
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import make_weight_sync
 
-__all__ = ["cli_run", "run"]
+__all__ = ["build_engine", "cli_run", "run", "train_step"]
 
 
 def cli_run(args: argparse.Namespace) -> int:
@@ -80,21 +84,40 @@ def _latest_checkpoint(ckpt: Checkpointer) -> Path | None:
                                              "or trainer.recover=disabled to start over") from None
 
 
-def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
-    """One optimiser step on finished episodes: logprobs the loss needs, advantages, update."""
+def build_engine(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec) -> TrainEngine:
+    """The training engine with the models ``spec`` needs: a critic (``needs_critic``) and a
+    frozen reference (``needs_reference``)."""
+    return TrainEngine(cfg, model_path, critic=spec.needs_critic, reference=spec.needs_reference(cfg.algorithm))
+
+
+def train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory]
+               ) -> dict[str, float]:
+    """One optimiser step on finished episodes: what the algorithm's loss reads, then the update.
+
+    Reference logprobs when ``spec.needs_reference``; the critic's values and targets
+    (``returns``) when ``spec.needs_critic``; the advantages; proximal logprobs when
+    ``spec.needs_proximal`` (the policy before the step: computed first when several
+    minibatches each take a step, else taken from the training forward pass itself).
+    """
+    alg = cfg.algorithm
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
-    if cfg.algorithm.kl_ctl > 0:
+    if spec.needs_reference(alg):
         batch["ref_logp"] = engine.compute_ref_logprobs(batch)  # at sampling.temperature (greedy: 1)
     if spec.needs_critic:
         batch["values"] = engine.compute_values(batch)
-    batch["advantages"] = spec.advantage_fn()(batch, cfg.algorithm)
-    stats = engine.train_batch(batch, spec.loss_fn())
+        batch["returns"] = spec.value_targets_fn()(batch, alg)
+    batch["advantages"] = spec.advantage_fn()(batch, alg)
+    proximal = spec.needs_proximal(alg)
+    if proximal and alg.ppo_n_minibatches > 1:  # later minibatches would see updated weights
+        batch["prox_logp"] = engine.compute_logprobs(batch)
+    stats = engine.train_batch(batch, spec.loss_fn(), detached_logp_key="prox_logp" if proximal else None)
     return {k if "/" in k else f"train/{k}": v for k, v in stats.items()}
 
 
-def train_from_file(cfg: ExperimentConfig, model_path: str, spec: Any, logger: MetricsLogger | None) -> dict[str, Any]:
+def train_from_file(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec,
+                    logger: MetricsLogger | None) -> dict[str, Any]:
     """Trainer-only debug mode: learn from a rollout JSONL, no servers."""
-    engine = TrainEngine(cfg, model_path)
+    engine = build_engine(cfg, model_path, spec)
     trajs = [t for t in load_trajectories(cfg.train_data or "") if t.input_ids]
     if not trajs:
         raise ValueError(f"train_data={cfg.train_data}: no trajectories with tokens to train on")
@@ -233,7 +256,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
-    spec = algorithms.get(cfg.algorithm.name)
+    spec = get_algorithm(cfg.algorithm.name)
     set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
@@ -249,7 +272,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
         _trainer_threads(cfg)
-        engine = TrainEngine(cfg, model_path)
+        engine = build_engine(cfg, model_path, spec)
         sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
         stack.callback(sync.close)
         step = version = 0

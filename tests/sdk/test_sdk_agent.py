@@ -9,8 +9,8 @@ import pytest
 
 from areal_agents import ChatAgent, Env, Trajectory
 from areal_agents.llm import LLM, Generation
-from areal_agents.testing import CharTokenizer, ScriptedLLM
 from areal_agents.rollout.returns import settle_returns
+from areal_agents.testing import CharTokenizer, ScriptedLLM
 from areal_agents.types import discounted_returns
 
 

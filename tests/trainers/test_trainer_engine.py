@@ -319,7 +319,7 @@ def test_packed_prompts_give_the_same_logprobs_loss_and_update(model_dir: Path) 
     for p, engine in engines.items():
         b = engine.to_batch(trajs)
         b["advantages"] = spec.advantage_fn()(b, engine.cfg.algorithm)
-        stats[p] = [engine.train_batch(b, spec.loss_fn()) for _ in range(2)]
+        stats[p] = [engine.train_batch(b, spec.loss_fn(), detached_logp_key="prox_logp") for _ in range(2)]
     for k in ("loss", "grad_norm", "train/entropy", "train/clip_frac"):
         assert stats[True][-1][k] == pytest.approx(stats[False][-1][k], rel=1e-4, abs=1e-6), k
     pa, pb = _params(engines[True]), _params(engines[False])
