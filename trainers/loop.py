@@ -35,7 +35,7 @@ from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight
 from areal_agents.rewards import RewardRunner, set_default_runner
-from areal_agents.rollout import RolloutExecutor
+from areal_agents.rollout import Rollout
 from areal_agents.rollout.episode import run_eval
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
@@ -137,7 +137,7 @@ class _Rank0:
     do nothing, so the loop in :func:`run` reads the same on every rank."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
-                 addresses: list[str] | None = None, executor: RolloutExecutor | RolloutProcess | None = None) -> None:
+                 addresses: list[str] | None = None, executor: Rollout | None = None) -> None:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
         self.addresses, self.executor = addresses or [], executor
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
@@ -154,7 +154,7 @@ class _Rank0:
     def rollout_only(self, run_dir: Path) -> dict[str, Any]:
         """``mode=rollout``: write trajectories, no trainer."""
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
-        if isinstance(self.executor, RolloutExecutor):
+        if self.executor is not None:
             out = self.cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
             summary.update(write_rollouts(self.executor, self.cfg.rollout.num_episodes, out,
                                           progress=self.cfg.logging.progress), **self.executor.stats())
@@ -212,7 +212,7 @@ class _Rank0:
 
 
 def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,
-                      display: RunDisplay) -> RolloutExecutor | RolloutProcess:
+                      display: RunDisplay) -> Rollout:
     """The rollout executor: in a process of its own for training (``rollout.process``) unless
     a registration cannot be sent there; on a thread of this process otherwise."""
     if cfg.rollout.process and cfg.mode == "full":
@@ -333,6 +333,6 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "accuracy_after": after.get("eval/accuracy"), "final_model": str(final_dir),
             "metrics": str(run_dir / "metrics.jsonl"),
             "gen_tokens_per_s": float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in history] or [0.0])),
-            "rollout": "its own process" if isinstance(r0.executor, RolloutProcess) else "a thread of the trainer",
+            "rollout": r0.executor.runs_in if r0.executor is not None else "a thread of the trainer",
         }
     return r0.finish(summary, plots=True)
