@@ -194,7 +194,7 @@ def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, samp
     ``episode_timeout`` is for episodes run outside a :class:`~areal_agents.rollout.RolloutExecutor`
     (which times its episodes out itself).
     """
-    from areal_agents.inference.llm_client import ClientLLM
+    from areal_agents.llm import ClientLLM
 
     llm_factory = functools.partial(ClientLLM, tokenizer, client, default_sampling=sampling)  # (rid) -> ClientLLM
     return make_episode_fn(env_factory(cfg), build_agent(cfg, sampling), llm_factory, episode_timeout=episode_timeout)
