@@ -160,7 +160,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "class Agent:": "not run: a signature",
     },
     "docs/rollout.md": {"from areal_agents.rollout import RolloutExecutor": "not run: a fragment (cfg, train, ...)"},
-    "docs/trainer.md": {"engine = TrainEngine(cfg, model_path)              # critic=None asks the algorithm spec":
+    "docs/trainer.md": {"engine = build_engine(cfg, model_path, spec)        # trainers.loop: critic / reference as the spec needs":
                         "not run: a fragment (cfg, batch, ...)"},
 }
 
