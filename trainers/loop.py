@@ -271,19 +271,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             return r0.finish(r0.rollout_only(run_dir))
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
-        _trainer_threads(cfg)
-        engine = build_engine(cfg, model_path, spec)
-        sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
-        stack.callback(sync.close)
-        step = version = 0
-        if resume_from is not None:
-            state = ckpt.load(engine, resume_from)
-            step, version = state["step"], state["version"]
-            r0.load_state_dict(state["rollout"])
-            sync.sync(engine, version)
-            display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
-        elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
-            sync.sync(engine, version)
+        engine, sync, step, version = _start_trainer(cfg, model_path, spec, r0, ckpt, resume_from, stack, display)
         stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
         before = r0.eval()
@@ -295,25 +283,10 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             if tdist.broadcast_object(out_of_time):
                 display.note(f"trainer.max_time_s={cfg.trainer.max_time_s} reached at step {step}")
                 break
-            # 4. One step: rank 0 waits for a batch of finished groups; every rank trains on it.
-            t0 = time.monotonic()
-            trajs = r0.batch()
-            t1 = time.monotonic()
-            metrics = train_step(engine, spec, cfg, trajs)
-            t2 = time.monotonic()
-            # 5. New weights to the servers while rollout is paused: version + 1.
-            r0.pause()
+            # 4-5. One step on a batch, then its weights to the servers: version + 1.
             version += 1
-            sync.sync(engine, version)
-            while sync.events:
-                display.note(sync.events.pop(0))
-            r0.resume(version)
+            metrics, trajs = _rl_step(cfg, spec, engine, r0, sync, display, version)
             step += 1
-            metrics.update({
-                **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
-                "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
-                "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
-            })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
                 metrics.update(r0.eval())
             r0.log(step, metrics, trajs)
@@ -336,3 +309,47 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "rollout": r0.executor.runs_in if r0.executor is not None else "a thread of the trainer",
         }
     return r0.finish(summary, plots=True)
+
+
+def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, r0: _Rank0, ckpt: Checkpointer,
+                   resume_from: Path | None, stack: contextlib.ExitStack, display: RunDisplay
+                   ) -> tuple[TrainEngine, Any, int, int]:
+    """Step 3 of :func:`run`: the engine and the weight sync (closed with ``stack``), recovered
+    from ``resume_from`` when given; returns them with the step and weight version to go on from."""
+    _trainer_threads(cfg)
+    engine = build_engine(cfg, model_path, spec)
+    sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
+    stack.callback(sync.close)
+    step = version = 0
+    if resume_from is not None:
+        state = ckpt.load(engine, resume_from)
+        step, version = state["step"], state["version"]
+        r0.load_state_dict(state["rollout"])
+        sync.sync(engine, version)
+        display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
+    elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
+        sync.sync(engine, version)
+    return engine, sync, step, version
+
+
+def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0: _Rank0, sync: Any,
+             display: RunDisplay, version: int) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Steps 4 and 5 of :func:`run`: rank 0 waits for a batch of finished groups and every rank
+    trains on it; then the new weights (``version``) go to the servers while rollout is paused.
+    Returns the step's metrics and the batch."""
+    t0 = time.monotonic()
+    trajs = r0.batch()
+    t1 = time.monotonic()
+    metrics: dict[str, Any] = train_step(engine, spec, cfg, trajs)
+    t2 = time.monotonic()
+    r0.pause()
+    sync.sync(engine, version)
+    while sync.events:
+        display.note(sync.events.pop(0))
+    r0.resume(version)
+    metrics.update({
+        **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
+        "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
+        "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
+    })
+    return metrics, trajs
