@@ -206,8 +206,9 @@ def test_segments_travel_with_the_episode_and_flatten_for_training(tokenizer: An
             await session.create(parse_request({"model": "m", "messages": [{"role": "user", "content": text}]}))
 
     asyncio.run(agent())
-    *others, main = assemble(session.records, 1.0, 0.5)
+    *others, main = assemble(session.records, 1.0)
     main.segments, main.group_id, main.start_version = others, "g7", 4
+    settle_returns(main, 0.5)  # as where the episode ends: the segment is one call before the last
     back = Trajectory.from_json(main.to_json())
     assert back.segments[0].input_ids == others[0].input_ids and back.segments[0].reward == 0.5
     flat = back.flatten()
