@@ -152,9 +152,7 @@ def test_export_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -
 
 
 def test_reference_model_stays_frozen_and_critic_trains(model_dir: Path) -> None:
-    cfg = make_cfg()
-    cfg.algorithm.kl_ctl = 0.1
-    engine = TrainEngine(cfg, model_dir, critic=True)
+    engine = TrainEngine(make_cfg(), model_dir, critic=True, reference=True)  # the engine reads no algorithm config
     trajs = make_trajs(6, seed=9)
     ref0 = engine.compute_ref_logprobs(trajs)
     v0 = engine.compute_values(trajs)
