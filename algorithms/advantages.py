@@ -9,13 +9,14 @@ GRPO's advantage a step-level one computed over *step groups*: the turns of a gr
 in the same env state (``batch["state_ids"]``).
 
 Statistics run in float64; the result has the dtype of ``batch["rewards"]`` promoted to at
-least float32.
+least float32. Estimators read the batch and never write to it: PPO's critic targets are a
+function of their own (:func:`gae_returns`), which the recipe stores as ``batch["returns"]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -36,6 +37,7 @@ from areal_agents.config import AlgorithmConfig
 __all__ = [
     "dr_grpo_advantages",
     "gae_advantages",
+    "gae_returns",
     "gigpo_advantages",
     "grpo_advantages",
     "reinforce_advantages",
@@ -216,15 +218,8 @@ def reinforce_pp_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -
     return masked_whiten(returns, mask, cfg.adv_eps).to(_out_dtype(batch))
 
 
-def gae_advantages(batch: MutableMapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
-    """PPO with a critic: GAE over the generated tokens of each sequence, then whitened.
-
-    ``delta_t = r_t + gamma * V_next - V_t``; ``A_t = delta_t + gamma * lam * A_next`` where
-    ``next`` is the next generated token (``V = 0`` after the last). ``r_t`` is as in
-    REINFORCE++. Writes ``batch["returns"] = A + V`` ``[B, T]`` (the critic's target, before
-    whitening). Reads ``loss_mask``, ``rewards``, ``values`` ``[B, T]`` (critic estimate for
-    the state in which token t is generated). Returns whitened ``A`` ``[B, T]``.
-    """
+def _gae(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """GAE ``A`` ``[B, T]`` (float64, unwhitened), the values it used and the mask."""
     if cfg.credit == "turn":
         raise ValueError("gae_advantages: algorithm.credit='turn' is not supported; use credit=trajectory with ppo")
     mask = get_mask(batch)
@@ -240,6 +235,24 @@ def gae_advantages(batch: MutableMapping[str, Tensor], cfg: AlgorithmConfig) -> 
         adv[:, t] = torch.where(m, a, torch.zeros_like(a))
         next_adv = torch.where(m, a, next_adv)
         next_value = torch.where(m, values[:, t], next_value)
-    out = _out_dtype(batch)
-    batch["returns"] = torch.where(mask, adv + values, torch.zeros_like(adv)).to(out)
-    return masked_whiten(adv, mask, cfg.adv_eps).to(out)
+    return adv, values, mask
+
+
+def gae_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
+    """PPO with a critic: GAE over the generated tokens of each sequence, then whitened.
+
+    ``delta_t = r_t + gamma * V_next - V_t``; ``A_t = delta_t + gamma * lam * A_next`` where
+    ``next`` is the next generated token (``V = 0`` after the last). ``r_t`` is as in
+    REINFORCE++. Reads ``loss_mask``, ``rewards``, ``values`` ``[B, T]`` (critic estimate for
+    the state in which token t is generated). Returns whitened ``A`` ``[B, T]``; the critic's
+    targets are :func:`gae_returns`.
+    """
+    adv, _, mask = _gae(batch, cfg)
+    return masked_whiten(adv, mask, cfg.adv_eps).to(_out_dtype(batch))
+
+
+def gae_returns(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
+    """The critic's targets ``A + V`` ``[B, T]`` of :func:`gae_advantages` (before whitening; 0
+    off the mask): what the PPO value loss reads as ``batch["returns"]``."""
+    adv, values, mask = _gae(batch, cfg)
+    return torch.where(mask, adv + values, torch.zeros_like(adv)).to(_out_dtype(batch))

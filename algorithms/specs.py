@@ -53,7 +53,11 @@ class AlgorithmSpec:
     ``advantage``: ``fn(batch, cfg) -> [B, T]`` (or its ``"module:attr"`` string);
     ``loss``: ``fn(logp, batch, cfg, norm, *, entropy=None, values=None) -> (loss, metrics)``;
     ``defaults``: AlgorithmConfig overrides; ``needs_critic``: the trainer builds a value
-    model; the reference model is needed when ``kl_ctl > 0`` (:meth:`needs_reference`).
+    model, and ``value_targets`` ``fn(batch, cfg) -> [B, T]`` gives the critic's regression
+    targets ``batch["returns"]`` (default with a critic: GAE's, ``A + V``). What a training step
+    computes before the loss is read from here by the recipe (:func:`trainers.loop.train_step`):
+    reference logprobs when :meth:`needs_reference`, proximal ones when :meth:`needs_proximal`,
+    values and targets when ``needs_critic``.
     """
 
     name: str
@@ -63,6 +67,7 @@ class AlgorithmSpec:
     needs_critic: bool = False
     description: str = ""
     formula: str = ""
+    value_targets: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.defaults) - _FIELDS)
@@ -70,7 +75,9 @@ class AlgorithmSpec:
             raise ValueError(f"algorithm {self.name!r}: defaults has unknown AlgorithmConfig field(s) {unknown}")
         if "name" in self.defaults:
             raise ValueError(f"algorithm {self.name!r}: defaults must not set 'name'")
-        for what in ("advantage", "loss"):
+        if self.needs_critic and self.value_targets is None:  # frozen: set through object
+            object.__setattr__(self, "value_targets", "algorithms.advantages:gae_returns")
+        for what in ("advantage", "loss", *(("value_targets",) if self.value_targets is not None else ())):
             obj = getattr(self, what)
             if isinstance(obj, str) and ":" not in obj:
                 raise ValueError(f"algorithm {self.name!r}: {what} {obj!r} must be a callable or 'module:attr'")
@@ -95,9 +102,20 @@ class AlgorithmSpec:
         """The loss ``fn(logp, batch, cfg, norm, *, entropy=None, values=None)``."""
         return self._resolve("loss")
 
+    def value_targets_fn(self) -> Callable[..., Any]:
+        """The critic's targets ``fn(batch, cfg) -> Tensor [B, T]`` (an algorithm with a critic)."""
+        if self.value_targets is None:
+            raise ValueError(f"algorithm {self.name!r} has no critic, so no value targets")
+        return self._resolve("value_targets")
+
     def needs_reference(self, cfg: AlgorithmConfig) -> bool:
         """Whether a frozen reference model is needed: ``kl_ctl > 0``."""
         return cfg.kl_ctl > 0
+
+    def needs_proximal(self, cfg: AlgorithmConfig) -> bool:
+        """Whether the loss takes proximal logprobs ``prox_logp`` (the policy's before the step):
+        ``use_decoupled_loss`` or ``recompute_logprob``."""
+        return cfg.use_decoupled_loss or cfg.recompute_logprob
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:

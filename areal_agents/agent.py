@@ -39,7 +39,12 @@ def jsonable(value: Any) -> Any:
 
 class Agent(ABC):
     """Plays one episode. Implementations must not raise for env failures: they return a
-    trajectory with ``status="env_error"`` instead (the rollout executor counts it)."""
+    trajectory with ``status="env_error"`` instead (the rollout executor counts it).
+
+    An agent reports what each turn earned in ``Trajectory.turn_rewards``, undiscounted; the
+    episode's ``reward`` and ``turn_returns`` are settled where the episode ends, with the run's
+    ``env.turn_discount`` and failure policy (:func:`~areal_agents.rollout.returns.settle_returns`),
+    whatever the agent put there."""
 
     @abstractmethod
     async def run(self, env: Env, llm: LLM, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
@@ -119,7 +124,10 @@ class ChatAgent(Agent):
     Each turn calls ``llm.chat`` (``max_new_tokens`` capped by what is left of
     ``max_tokens``), steps the env with the reply and appends the env's observation, until
     the env terminates or truncates, ``max_turns`` replies were made, or ``max_tokens``
-    generated tokens are used. Per-turn env rewards are discounted by ``turn_discount``.
+    generated tokens are used. The trajectory holds the env's per-turn rewards (``turn_rewards``);
+    the rollout discounts them by ``env.turn_discount`` where the episode ends
+    (:func:`~areal_agents.rollout.returns.settle_returns`), so ``turn_discount`` here is only
+    checked and kept (the constructor convention every agent shares).
     ``tools`` (OpenAI function specs; default: the env's ``tools``, or ``info["tools"]`` from its
     ``reset``) are rendered into the prompt by the chat template; the env sees the raw reply,
     tool-call markup (``<tool_call>{...}</tool_call>``) included, and the reply's parsed calls go
@@ -205,5 +213,5 @@ class ChatAgent(Agent):
             info.setdefault("success", False)
         info["turn_finish_reasons"] = llm.finish_reasons
         traj = llm.to_trajectory(status=status, info=jsonable(info))
-        traj.set_rewards(rewards, self.turn_discount)
+        traj.set_rewards(rewards)  # undiscounted: the rollout applies env.turn_discount (settle_returns)
         return traj

@@ -3,7 +3,9 @@
 An :class:`LLM` is bound to one episode. ``chat`` renders the conversation with the
 tokenizer's chat template *once*, then extends the token sequence by appending only the
 new messages' tokens, so the trainer sees exactly what was sampled. Backends implement
-:meth:`LLM._generate` (the inference client does, over HTTP; tests use a scripted one).
+:meth:`LLM._generate`: :class:`ClientLLM` over the inference client (HTTP), and tests use a
+scripted one. The reply, :class:`Generation`, is the wire type of
+:mod:`areal_agents.inference.protocol` (re-exported here).
 """
 
 from __future__ import annotations
@@ -11,15 +13,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import uuid
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
+from areal_agents.inference.protocol import Generation  # the reply's wire type, re-exported here
 from areal_agents.types import Trajectory
 
-__all__ = ["Generation", "LLM", "Tokenizer", "memo", "observation_key", "tokenizer_cache", "tokens_key"]
+if TYPE_CHECKING:
+    from areal_agents.inference.client import InferenceClient
+
+__all__ = ["ClientLLM", "Generation", "LLM", "Tokenizer", "memo", "observation_key", "tokenizer_cache", "tokens_key"]
 
 # What a tokenizer has rendered and encoded, shared by the episodes that use it: the 8
 # episodes of a group render and encode the same prompt, and every turn ends with the same
@@ -79,24 +86,6 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-
-@dataclass
-class Generation:
-    """One completion of ``input_ids`` as the server returned it.
-
-    ``logprobs[i]`` is ``log_softmax(logits / temperature)`` of ``output_ids[i]``;
-    ``versions[i]`` is the weight version that produced it (they differ when the request
-    was interrupted by a weight update and resumed). ``finish_reason`` is ``stop``,
-    ``length`` or ``abort``.
-    """
-
-    output_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str = "stop"
-    text: str = ""
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 class LLM(ABC):
@@ -326,3 +315,27 @@ class LLM(ABC):
         traj.prompt_text = self.tokenizer.decode(traj.input_ids[:cut], skip_special_tokens=False)
         traj.completion_text = self.tokenizer.decode(traj.input_ids[cut:], skip_special_tokens=False)
         return replace(traj, **fields)
+
+
+class ClientLLM(LLM):
+    """An :class:`LLM` whose generations come from an :class:`~areal_agents.inference.client.InferenceClient`.
+
+    ``rid`` identifies the episode (a fresh one is made when omitted), so every turn of
+    the episode goes to the same server; ``default_sampling`` holds SGLang sampling
+    params applied to every call unless overridden. (Also importable from its former home,
+    ``areal_agents.inference.llm_client``.)
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        client: InferenceClient,
+        rid: str | None = None,
+        default_sampling: dict[str, Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.rid = rid if rid is not None else uuid.uuid4().hex
+        super().__init__(tokenizer, default_sampling)
+
+    async def _generate(self, input_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        return await self.client.generate(input_ids, sampling, rid=self.rid)

@@ -105,8 +105,12 @@ class Trajectory:
                                if isinstance(v := getattr(self, f.name), (list, dict))}
         return replace(self, **own)
 
-    def set_rewards(self, turn_rewards: Sequence[float], turn_discount: float) -> None:
-        """Store per-turn rewards and derive ``reward`` and ``turn_returns``."""
+    def set_rewards(self, turn_rewards: Sequence[float], turn_discount: float = 1.0) -> None:
+        """Store per-turn rewards and derive ``reward`` and ``turn_returns`` (undiscounted by default).
+
+        What an agent calls to report its rewards; the rollout settles the returns again with the
+        run's ``env.turn_discount`` where the episode ends
+        (:func:`~areal_agents.rollout.returns.settle_returns`), so an agent need not know γ."""
         self.turn_rewards = [float(r) for r in turn_rewards]
         self.reward, self.turn_returns = discounted_returns(self.turn_rewards, turn_discount)
 

@@ -91,7 +91,7 @@ def measure(kind: str, address: str, tokenizer: Any, n: int, concurrency: int) -
     """Episodes/s of ``n`` episodes of ``kind`` (``native`` or ``openai``)."""
     from areal_agents.agent import ChatAgent
     from areal_agents.inference.client import InferenceClient
-    from areal_agents.inference.llm_client import ClientLLM
+    from areal_agents.llm import ClientLLM
     from areal_agents.openai_compat.agent import OpenAIAgent
     from areal_agents.rollout.episode import make_episode_fn
 

@@ -1,8 +1,11 @@
 """The FSDP2 training engine: HF models sharded with ``fully_shard`` over a device mesh.
 
-A :class:`TrainEngine` holds the policy (``actor``), a frozen reference copy when
-``algorithm.kl_ctl > 0``, and a critic (value head on the same architecture) for algorithms
-that need one (its body initialised from the policy). Every rank holds the same full batch (the RL loop gives every rank the same
+A :class:`TrainEngine` holds the policy (``actor``), a frozen reference copy and a critic (value
+head on the same architecture, its body initialised from the policy) when asked for them. It
+knows no algorithm: forward passes (:meth:`TrainEngine.compute_logprobs`, ``compute_ref_logprobs``,
+``compute_values``) and a backward pass with an optimiser step (:meth:`TrainEngine.train_batch`)
+are all it offers; the recipe (:func:`trainers.loop.train_step`) decides from the algorithm's spec
+which of them a step needs. Every rank holds the same full batch (the RL loop gives every rank the same
 trajectories). :meth:`TrainEngine.compute_logprobs` splits the rows over ranks, runs
 length-sorted micro-batches and all-reduces, so every rank ends with the full ``[B, T]``
 tensor. :meth:`TrainEngine.train_batch` accumulates gradients over this rank's micro-batches
@@ -26,7 +29,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.losses import LossNorm, combine_metrics, metric_reduction
 from areal_agents.config import ExperimentConfig
-from areal_agents.registry import algorithms
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
@@ -203,13 +205,15 @@ class TrainEngine:
     """Policy + optional reference and critic, sharded with FSDP2 (see the module docstring).
 
     World size 1 needs no launcher (a one-rank gloo group is created); N ranks come from
-    ``torchrun`` or :func:`trainers.dist.spawn`. ``critic=None`` asks the algorithm spec
-    (``needs_critic``); ``total_steps`` sets the LR schedule length (default
+    ``torchrun`` or :func:`trainers.dist.spawn`. ``critic`` builds a value model; ``reference`` a
+    frozen copy of the initial policy (with LoRA none: the policy with its adapter disabled is
+    the reference); :func:`trainers.loop.build_engine` sets both from the algorithm's spec.
+    ``total_steps`` sets the LR schedule length (default
     ``trainer.total_steps × algorithm.ppo_n_minibatches``).
     """
 
-    def __init__(self, cfg: ExperimentConfig, model_path: str | os.PathLike[str], *, critic: bool | None = None,
-                 total_steps: int | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, model_path: str | os.PathLike[str], *, critic: bool = False,
+                 reference: bool = False, total_steps: int | None = None) -> None:
         self.cfg, self.model_path = cfg, Path(model_path)
         self.rank, self.world = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
         self.mesh = tdist.build_mesh(cfg.trainer.device, cfg.actor.hsdp_replicate)
@@ -221,9 +225,7 @@ class TrainEngine:
         self.lora = cfg.actor.lora if cfg.actor.lora.enabled else None
         # With LoRA the reference is the policy with its adapter disabled: no second model.
         self.ref = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="lm", lr=None,
-                                total_steps=total) if cfg.algorithm.kl_ctl > 0 and self.lora is None else None
-        if critic is None:
-            critic = bool(getattr(algorithms.get(cfg.algorithm.name), "needs_critic", False))
+                                total_steps=total) if reference and self.lora is None else None
         self.critic = ShardedModel(cfg, self.model_path, self.mesh, self.device, kind="value",
                                    lr=cfg.actor.critic_lr, total_steps=total) if critic else None
         self.hf_config = self.actor.config
@@ -293,19 +295,21 @@ class TrainEngine:
 
     def compute_ref_logprobs(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor],
                              temperature: float | None = None) -> torch.Tensor:
-        """Reference-model logprobs [B,T] (needs ``algorithm.kl_ctl > 0``); with LoRA, the
-        policy's base model (its adapter disabled for this pass)."""
+        """Reference-model logprobs [B,T] (an engine built with ``reference=True``); with LoRA,
+        the policy's base model (its adapter disabled for this pass)."""
         if self.lora is not None:
             with adapter_disabled(self.actor.model):
                 return self._gather_forward(self.actor, data, temperature)
         if self.ref is None:
-            raise RuntimeError("no reference model: set algorithm.kl_ctl > 0")
+            raise RuntimeError("no reference model: build the engine with reference=True "
+                               "(the RL loop does when the algorithm needs one: algorithm.kl_ctl > 0)")
         return self._gather_forward(self.ref, data, temperature)
 
     def compute_values(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Critic values [B,T]; ``values[:, t]`` is the value of the state before token ``t``."""
         if self.critic is None:
-            raise RuntimeError("no critic: this algorithm does not use one (TrainEngine(critic=True) forces it)")
+            raise RuntimeError("no critic: build the engine with critic=True (the RL loop does for algorithms "
+                               "whose spec has needs_critic)")
         return self._gather_forward(self.critic, data, 1.0)
 
     # -- training -----------------------------------------------------------------------------
@@ -319,13 +323,16 @@ class TrainEngine:
         return LossNorm(tokens=float(counts[0]), seqs=float(counts[1]), max_len=float(cap))
 
     def train_batch(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor], loss_fn: LossFn, *,
-                    temperature: float | None = None, n_minibatches: int | None = None) -> dict[str, float]:
+                    temperature: float | None = None, n_minibatches: int | None = None,
+                    detached_logp_key: str | None = None) -> dict[str, float]:
         """Gradient accumulation over micro-batches, one optimiser step per minibatch.
 
         ``loss_fn(logp [B,T], mb, cfg.algorithm, norm, entropy=[B,T], values=[B,T] | None)``
         returns ``(loss, metrics)``; ``values`` carries gradients into the critic when there
-        is one. Rows are split into ``n_minibatches`` (default ``algorithm.ppo_n_minibatches``)
-        strided minibatches. Returns metrics averaged over minibatches: ``loss`` (full-batch),
+        is one. With ``detached_logp_key``, a micro-batch without that key gets the logprobs of
+        its own forward pass under it, detached (the weights before this minibatch's step,
+        without a second forward pass). Rows are split into ``n_minibatches`` (default
+        ``algorithm.ppo_n_minibatches``) strided minibatches. Returns metrics averaged over minibatches: ``loss`` (full-batch),
         ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``n_mbs``, ``pad_ratio`` and the loss
         function's metrics summed over micro-batches and ranks (they are globally normalised),
         but for names ending in ``_max`` / ``_min``: the max / min over micro-batches, ranks
@@ -333,22 +340,18 @@ class TrainEngine:
         """
         batch = self.to_batch(data)
         n = n_minibatches or self.cfg.algorithm.ppo_n_minibatches
-        if n > 1 and self._needs_prox() and "prox_logp" not in batch:  # later minibatches see updated weights
-            batch["prox_logp"] = self.compute_logprobs(batch, temperature)
         b = int(batch["input_ids"].shape[0])
         chunks = [list(range(i, b, n)) for i in range(n)] if n > 1 else [list(range(b))]
-        results = [self._train_minibatch(batch if n == 1 else select(batch, c), loss_fn, temperature)
-                   for c in chunks if c]
+        results = [self._train_minibatch(batch if n == 1 else select(batch, c), loss_fn, temperature,
+                                         detached_logp_key) for c in chunks if c]
         out: dict[str, float] = {}
         for k in results[0]:
             values, op = [r[k] for r in results], metric_reduction(k)
             out[k] = max(values) if op == "max" else min(values) if op == "min" else sum(values) / len(values)
         return out
 
-    def _needs_prox(self) -> bool:
-        return self.cfg.algorithm.use_decoupled_loss or self.cfg.algorithm.recompute_logprob
-
-    def _train_minibatch(self, batch: Batch, loss_fn: LossFn, temperature: float | None) -> dict[str, float]:
+    def _train_minibatch(self, batch: Batch, loss_fn: LossFn, temperature: float | None,
+                         detached_logp_key: str | None) -> dict[str, float]:
         temp = self._temperature(temperature)
         mine, mbs = self._plan(batch)
         norm = self.loss_norm(batch, mine)
@@ -368,10 +371,8 @@ class TrainEngine:
                 ent = ent.detach()
             values = self.critic.forward(mb, self.device, 1.0)[0] if self.critic is not None else None
             mb_dev = {k: v.to(self.device) for k, v in mb.items()}
-            if "prox_logp" not in mb_dev and self._needs_prox():
-                # One optimiser step per batch: the proximal policy is the current one, whose
-                # logprobs this forward pass has just computed (a recompute would repeat it).
-                mb_dev["prox_logp"] = logp.detach()
+            if detached_logp_key is not None and detached_logp_key not in mb_dev:
+                mb_dev[detached_logp_key] = logp.detach()  # the weights before the step: no second forward
             loss, metrics = loss_fn(logp, mb_dev, self.cfg.algorithm, norm, entropy=ent, values=values)
             (loss * self.world).backward()  # FSDP averages gradients over ranks; the loss is a global sum
             total_loss += float(loss.detach())

@@ -1,8 +1,12 @@
 """The RL recipe, top to bottom: ``areal-agents run``.
 
     rows ─► RolloutExecutor (async episodes on the inference servers, bounded staleness)
-         ─► prepare_batch ─► proximal / reference logprobs ─► advantages ─► train_batch
-         ─► pause rollout ─► weights to servers (version + 1) ─► resume ─► log / eval / save
+         ─► prepare_batch ─► reference logprobs, values ─► advantages ─► proximal logprobs
+         ─► train_batch ─► pause rollout ─► weights to servers (version + 1) ─► resume
+         ─► log / eval / save
+
+:func:`train_step` is where the algorithm's spec decides what a step computes (the engine
+offers the forward and backward passes and knows no algorithm).
 
 η = ``rollout.max_head_offpolicyness``: 0 gives synchronous RL, η > 0 lets rollouts run up to
 η versions ahead of the trainer. Both come from this same loop. With ``trainer.nproc > 1``
@@ -24,14 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight
-from areal_agents.registry import algorithms
 from areal_agents.rewards import RewardRunner, set_default_runner
-from areal_agents.rollout import RolloutExecutor
+from areal_agents.rollout import Rollout
 from areal_agents.rollout.episode import run_eval
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
@@ -45,7 +49,7 @@ from trainers.rollout_only import write_rollouts
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import make_weight_sync
 
-__all__ = ["cli_run", "run"]
+__all__ = ["build_engine", "cli_run", "run", "train_step"]
 
 
 def cli_run(args: argparse.Namespace) -> int:
@@ -80,21 +84,40 @@ def _latest_checkpoint(ckpt: Checkpointer) -> Path | None:
                                              "or trainer.recover=disabled to start over") from None
 
 
-def train_step(engine: TrainEngine, spec: Any, cfg: ExperimentConfig, trajs: list[Any]) -> dict[str, float]:
-    """One optimiser step on finished episodes: logprobs the loss needs, advantages, update."""
+def build_engine(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec) -> TrainEngine:
+    """The training engine with the models ``spec`` needs: a critic (``needs_critic``) and a
+    frozen reference (``needs_reference``)."""
+    return TrainEngine(cfg, model_path, critic=spec.needs_critic, reference=spec.needs_reference(cfg.algorithm))
+
+
+def train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory]
+               ) -> dict[str, float]:
+    """One optimiser step on finished episodes: what the algorithm's loss reads, then the update.
+
+    Reference logprobs when ``spec.needs_reference``; the critic's values and targets
+    (``returns``) when ``spec.needs_critic``; the advantages; proximal logprobs when
+    ``spec.needs_proximal`` (the policy before the step: computed first when several
+    minibatches each take a step, else taken from the training forward pass itself).
+    """
+    alg = cfg.algorithm
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
-    if cfg.algorithm.kl_ctl > 0:
+    if spec.needs_reference(alg):
         batch["ref_logp"] = engine.compute_ref_logprobs(batch)  # at sampling.temperature (greedy: 1)
     if spec.needs_critic:
         batch["values"] = engine.compute_values(batch)
-    batch["advantages"] = spec.advantage_fn()(batch, cfg.algorithm)
-    stats = engine.train_batch(batch, spec.loss_fn())
+        batch["returns"] = spec.value_targets_fn()(batch, alg)
+    batch["advantages"] = spec.advantage_fn()(batch, alg)
+    proximal = spec.needs_proximal(alg)
+    if proximal and alg.ppo_n_minibatches > 1:  # later minibatches would see updated weights
+        batch["prox_logp"] = engine.compute_logprobs(batch)
+    stats = engine.train_batch(batch, spec.loss_fn(), detached_logp_key="prox_logp" if proximal else None)
     return {k if "/" in k else f"train/{k}": v for k, v in stats.items()}
 
 
-def train_from_file(cfg: ExperimentConfig, model_path: str, spec: Any, logger: MetricsLogger | None) -> dict[str, Any]:
+def train_from_file(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec,
+                    logger: MetricsLogger | None) -> dict[str, Any]:
     """Trainer-only debug mode: learn from a rollout JSONL, no servers."""
-    engine = TrainEngine(cfg, model_path)
+    engine = build_engine(cfg, model_path, spec)
     trajs = [t for t in load_trajectories(cfg.train_data or "") if t.input_ids]
     if not trajs:
         raise ValueError(f"train_data={cfg.train_data}: no trajectories with tokens to train on")
@@ -114,7 +137,7 @@ class _Rank0:
     do nothing, so the loop in :func:`run` reads the same on every rank."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
-                 addresses: list[str] | None = None, executor: RolloutExecutor | RolloutProcess | None = None) -> None:
+                 addresses: list[str] | None = None, executor: Rollout | None = None) -> None:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
         self.addresses, self.executor = addresses or [], executor
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
@@ -131,7 +154,7 @@ class _Rank0:
     def rollout_only(self, run_dir: Path) -> dict[str, Any]:
         """``mode=rollout``: write trajectories, no trainer."""
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
-        if isinstance(self.executor, RolloutExecutor):
+        if self.executor is not None:
             out = self.cfg.rollout.output_path or str(run_dir / "rollouts.jsonl")
             summary.update(write_rollouts(self.executor, self.cfg.rollout.num_episodes, out,
                                           progress=self.cfg.logging.progress), **self.executor.stats())
@@ -189,7 +212,7 @@ class _Rank0:
 
 
 def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,
-                      display: RunDisplay) -> RolloutExecutor | RolloutProcess:
+                      display: RunDisplay) -> Rollout:
     """The rollout executor: in a process of its own for training (``rollout.process``) unless
     a registration cannot be sent there; on a thread of this process otherwise."""
     if cfg.rollout.process and cfg.mode == "full":
@@ -233,7 +256,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
-    spec = algorithms.get(cfg.algorithm.name)
+    spec = get_algorithm(cfg.algorithm.name)
     set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
@@ -248,19 +271,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             return r0.finish(r0.rollout_only(run_dir))
 
         # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
-        _trainer_threads(cfg)
-        engine = TrainEngine(cfg, model_path)
-        sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
-        stack.callback(sync.close)
-        step = version = 0
-        if resume_from is not None:
-            state = ckpt.load(engine, resume_from)
-            step, version = state["step"], state["version"]
-            r0.load_state_dict(state["rollout"])
-            sync.sync(engine, version)
-            display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
-        elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
-            sync.sync(engine, version)
+        engine, sync, step, version = _start_trainer(cfg, model_path, spec, r0, ckpt, resume_from, stack, display)
         stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
         with ckpt.interruptible():
@@ -273,26 +284,10 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             if tdist.broadcast_object(out_of_time):
                 display.note(f"trainer.max_time_s={cfg.trainer.max_time_s} reached at step {step}")
                 break
-            # 4. One step: rank 0 waits for a batch of finished groups; every rank trains on it.
-            t0 = time.monotonic()
-            with ckpt.interruptible():
-                trajs = r0.batch()
-            t1 = time.monotonic()
-            metrics = train_step(engine, spec, cfg, trajs)
-            t2 = time.monotonic()
-            # 5. New weights to the servers while rollout is paused: version + 1.
-            r0.pause()
+            # 4-5. One step on a batch, then its weights to the servers: version + 1.
             version += 1
-            sync.sync(engine, version)
-            while sync.events:
-                display.note(sync.events.pop(0))
-            r0.resume(version)
+            metrics, trajs = _rl_step(cfg, spec, engine, r0, sync, display, version, ckpt)
             step += 1
-            metrics.update({
-                **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
-                "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
-                "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
-            })
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
                 with ckpt.interruptible():
                     metrics.update(r0.eval())
@@ -314,6 +309,51 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "accuracy_after": after.get("eval/accuracy"), "final_model": str(final_dir),
             "metrics": str(run_dir / "metrics.jsonl"),
             "gen_tokens_per_s": float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in history] or [0.0])),
-            "rollout": "its own process" if isinstance(r0.executor, RolloutProcess) else "a thread of the trainer",
+            "rollout": r0.executor.runs_in if r0.executor is not None else "a thread of the trainer",
         }
     return r0.finish(summary, plots=True)
+
+
+def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, r0: _Rank0, ckpt: Checkpointer,
+                   resume_from: Path | None, stack: contextlib.ExitStack, display: RunDisplay
+                   ) -> tuple[TrainEngine, Any, int, int]:
+    """Step 3 of :func:`run`: the engine and the weight sync (closed with ``stack``), recovered
+    from ``resume_from`` when given; returns them with the step and weight version to go on from."""
+    _trainer_threads(cfg)
+    engine = build_engine(cfg, model_path, spec)
+    sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
+    stack.callback(sync.close)
+    step = version = 0
+    if resume_from is not None:
+        state = ckpt.load(engine, resume_from)
+        step, version = state["step"], state["version"]
+        r0.load_state_dict(state["rollout"])
+        sync.sync(engine, version)
+        display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
+    elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
+        sync.sync(engine, version)
+    return engine, sync, step, version
+
+
+def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0: _Rank0, sync: Any,
+             display: RunDisplay, version: int, ckpt: Checkpointer) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Steps 4 and 5 of :func:`run`: rank 0 waits for a batch of finished groups and every rank
+    trains on it; then the new weights (``version``) go to the servers while rollout is paused.
+    Returns the step's metrics and the batch."""
+    t0 = time.monotonic()
+    with ckpt.interruptible():  # SIGTERM while waiting for a batch ends the run at once
+        trajs = r0.batch()
+    t1 = time.monotonic()
+    metrics: dict[str, Any] = train_step(engine, spec, cfg, trajs)
+    t2 = time.monotonic()
+    r0.pause()
+    sync.sync(engine, version)
+    while sync.events:
+        display.note(sync.events.pop(0))
+    r0.resume(version)
+    metrics.update({
+        **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
+        "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
+        "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
+    })
+    return metrics, trajs

@@ -10,12 +10,12 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from areal_agents.rollout import RolloutExecutor
+from areal_agents.rollout import Rollout
 
 __all__ = ["write_rollouts"]
 
 
-def write_rollouts(executor: RolloutExecutor, n: int, path: str | os.PathLike[str], *,
+def write_rollouts(executor: Rollout, n: int, path: str | os.PathLike[str], *,
                    progress: bool = True, timeout: float | None = None) -> dict[str, Any]:
     """Write ``n`` episodes (rounded up to whole groups) as Trajectory JSONL.
 

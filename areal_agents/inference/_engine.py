@@ -23,28 +23,20 @@ import torch
 from areal_agents.inference._kv import BatchKV
 from areal_agents.inference._lora import LoraAdapter, LoraSet
 from areal_agents.inference._sampling import prompt_logprobs, sample_next, scaled_logprobs, top_logprobs
+from areal_agents.inference.protocol import GenerateSpec
 
 __all__ = ["Engine", "GenRequest"]
 
 
 @dataclass
 class GenRequest:
-    """One sequence to complete; the engine fills the output fields and calls ``done``."""
+    """One sequence to complete: the parsed request (``spec``, the wire type of
+    :mod:`~areal_agents.inference.protocol`) and the engine's state for it. ``budget`` is how
+    many tokens it may generate (default ``spec.max_new_tokens``; the server caps it by the context
+    length); the engine fills the output fields and calls ``done``."""
 
-    rid: str
-    prompt: list[int]
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop_strs: list[str] = field(default_factory=list)
-    stop_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-    logprob_start: int = -1  # >= 0: SGLang's prompt logprobs of prompt[logprob_start:], taken at prefill
-    top_logprobs_num: int = 0  # > 0: the most likely alternatives of every output (and scored prompt) token
-    lora: str | None = None  # the loaded LoRA adapter this request decodes with (None: the base model)
-    seed: int | None = None  # sample from a generator of its own, seeded so (None: the engine's shared one)
+    spec: GenerateSpec
+    budget: int = -1
     generator: torch.Generator | None = field(default=None, repr=False)
     done: Callable[[GenRequest], object] | None = None
     on_token: Callable[[GenRequest], object] | None = None  # after each token but the last (streaming)
@@ -57,6 +49,12 @@ class GenRequest:
     finish: dict[str, Any] | None = None
     matched_stop: str | None = None
     error: str | None = None
+    stop_ids: frozenset[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.budget < 0:
+            self.budget = self.spec.max_new_tokens
+        self.stop_ids = frozenset(self.spec.stop_token_ids)
 
 
 class Engine:
@@ -178,11 +176,11 @@ class Engine:
         retracted and re-prefilled with the new one); returns how many were retracted."""
         replaced = adapter.name in self.lora.adapters
         self.lora.add(adapter)
-        return self.retract() if replaced and any(r.lora == adapter.name for r in self.rows) else 0
+        return self.retract() if replaced and any(r.spec.lora_path == adapter.name for r in self.rows) else 0
 
     def unload_lora(self, name: str) -> int:
         """Drop adapter ``name``; requests that use it are aborted (clients resume them). Returns their count."""
-        n = self.abort_where(lambda r: r.lora == name, f"LoRA adapter {name!r} was unloaded")
+        n = self.abort_where(lambda r: r.spec.lora_path == name, f"LoRA adapter {name!r} was unloaded")
         self.lora.remove(name)
         return n
 
@@ -232,16 +230,16 @@ class Engine:
         free = self.max_batch_size - len(self.rows)  # none: the group below is empty
         with self._cond:
             group = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-        for req in [r for r in group if r.lora is not None and r.lora not in self.lora.adapters]:
-            self._finish(req, {"type": "abort", "message": f"LoRA adapter {req.lora!r} is not loaded"})
+        for req in [r for r in group if r.spec.lora_path is not None and r.spec.lora_path not in self.lora.adapters]:
+            self._finish(req, {"type": "abort", "message": f"LoRA adapter {req.spec.lora_path!r} is not loaded"})
             group.remove(req)
         if not group:
             return
         self._admitting = group
-        seqs = [r.prompt + r.output_ids for r in group]
+        seqs = [r.spec.prompt + r.output_ids for r in group]
         # Requests with the same tokens and adapter (the samples of a group) share one prefill row.
         first: dict[tuple[str | None, tuple[int, ...]], int] = {}
-        src = [first.setdefault((r.lora, tuple(s)), len(first)) for r, s in zip(group, seqs, strict=True)]
+        src = [first.setdefault((r.spec.lora_path, tuple(s)), len(first)) for r, s in zip(group, seqs, strict=True)]
         length = max(len(s) for s in seqs)
         ids = torch.full((len(first), length), self.pad_id, dtype=torch.long)
         valid = torch.zeros((len(first), length), dtype=torch.bool)
@@ -253,7 +251,7 @@ class Engine:
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
         mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)[None]
         cache = self.kv.fresh_cache()
-        scored = [i for i, r in enumerate(group) if r.logprob_start >= 0 and r.input_logprobs is None]
+        scored = [i for i, r in enumerate(group) if r.spec.logprob_start_len >= 0 and r.input_logprobs is None]
         with self.lora.rows([lora for lora, _ in first]):
             out = self.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, use_cache=True,
                              logits_to_keep=0 if scored else 1, **{self._cache_kw: cache})  # fmt: skip
@@ -262,8 +260,8 @@ class Engine:
         for i in scored:  # a retracted request keeps the prompt logprobs of its first prefill
             req = group[i]
             rows = out.logits[src[i], length - len(seqs[i]) :]
-            req.input_logprobs, req.input_top = prompt_logprobs(rows, req.prompt, req.logprob_start,
-                                                                req.top_logprobs_num)  # fmt: skip
+            req.input_logprobs, req.input_top = prompt_logprobs(rows, req.spec.prompt, req.spec.logprob_start_len,
+                                                                req.spec.top_logprobs_num)  # fmt: skip
         tokens, lps, tops = self._sample(out.logits[src, -1], group)
         keep = [i for i, req in enumerate(group) if not self._append(req, tokens[i], lps[i], tops[i])]
         if keep:
@@ -289,7 +287,7 @@ class Engine:
 
     def _decode_step(self) -> None:
         mask, pos = self.kv.step_inputs()
-        with self.lora.rows([r.lora for r in self.rows]):
+        with self.lora.rows([r.spec.lora_path for r in self.rows]):
             out = self.model(
                 input_ids=self._last_tok[:, None],
                 attention_mask=mask,
@@ -315,46 +313,46 @@ class Engine:
         params = self._params if reqs is self.rows else None
         if params is None:
             params = (
-                torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=self.device),
-                torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=self.device),
-                torch.tensor([r.top_k for r in reqs], dtype=torch.long, device=self.device),
+                torch.tensor([r.spec.temperature for r in reqs], dtype=torch.float32, device=self.device),
+                torch.tensor([r.spec.top_p for r in reqs], dtype=torch.float32, device=self.device),
+                torch.tensor([r.spec.top_k for r in reqs], dtype=torch.long, device=self.device),
             )
             if reqs is self.rows:
                 self._params = params
         for r in reqs:
-            if r.seed is not None and r.generator is None:
-                r.generator = torch.Generator(device=self.device).manual_seed(r.seed)
+            if r.spec.sampling_seed is not None and r.generator is None:
+                r.generator = torch.Generator(device=self.device).manual_seed(r.spec.sampling_seed)
         own = [r.generator for r in reqs] if any(r.generator is not None for r in reqs) else None
         tokens, lps = sample_next(logits, *params, generator=self.generator, row_generators=own)
-        nums = [r.top_logprobs_num for r in reqs]
+        nums = [r.spec.top_logprobs_num for r in reqs]
         tops = top_logprobs(scaled_logprobs(logits, params[0])[1], nums) if any(nums) else [None] * len(reqs)
         return tokens.tolist(), lps.tolist(), tops
 
     def _append(self, req: GenRequest, tok: int, lp: float, top: Any = None) -> bool:
         """Record one sampled token; finish the request when a stop rule fires."""
-        if req.max_new_tokens <= 0:  # prompt scoring only: the prefill was all it needed
+        if req.budget <= 0:  # prompt scoring only: the prefill was all it needed
             self._finish(req, {"type": "length", "length": 0})
             return True
         req.output_ids.append(tok)
         req.logprobs.append(lp)
-        if req.top_logprobs_num > 0:
+        if req.spec.top_logprobs_num > 0:
             req.output_top.append(top)
         req.versions.append(self.weight_version)
         self.metrics["tokens"] += 1
         n = len(req.output_ids)
-        if n >= req.min_new_tokens:
-            if tok in req.stop_ids or (not req.ignore_eos and tok in self.eos_ids):
+        if n >= req.spec.min_new_tokens:
+            if tok in req.stop_ids or (not req.spec.ignore_eos and tok in self.eos_ids):
                 self._finish(req, {"type": "stop", "matched": tok})
                 return True
-            if req.stop_strs:
-                window = max(len(s) for s in req.stop_strs) + 2
+            if req.spec.stop:
+                window = max(len(s) for s in req.spec.stop) + 2
                 tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
-                for s in req.stop_strs:
+                for s in req.spec.stop:
                     if s in tail:
                         req.matched_stop = s
                         self._finish(req, {"type": "stop", "matched": s})
                         return True
-        if n >= req.max_new_tokens or len(req.prompt) + n >= self.context_len:
+        if n >= req.budget or len(req.spec.prompt) + n >= self.context_len:
             self._finish(req, {"type": "length", "length": n})
             return True
         if req.on_token is not None:

@@ -30,8 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from areal_agents.inference.protocol import InferenceError, parse_generate_reply
-from areal_agents.llm import Generation
+from areal_agents.inference.protocol import Generation, InferenceError, parse_generate_reply
 
 __all__ = ["InferenceClient", "InferenceError", "normalize_address"]
 
@@ -326,14 +325,14 @@ class InferenceClient:
             if top_logprobs > 0:
                 payload["top_logprobs_num"] = top_logprobs
             body, url = await self._post(payload, rid)
-            ids, seg_lps, seg_versions, finish, text = parse_generate_reply(body, url)
+            seg = parse_generate_reply(body, url)
+            ids, finish = seg.output_ids, seg.info["finish"]
             if top_logprobs > 0:
-                seg_tops = body["meta_info"].get("output_top_logprobs")
-                tops += seg_tops if isinstance(seg_tops, list) and len(seg_tops) == len(ids) else [[]] * len(ids)
+                tops += seg.info.get("top_logprobs", [[]] * len(ids))
             out += ids
-            lps += seg_lps
-            versions += seg_versions
-            texts.append(text)
+            lps += seg.logprobs
+            versions += seg.versions
+            texts.append(seg.text)
             if finish["type"] != "abort" or len(out) >= budget or resumes >= self.max_resumes:
                 break
             empty = 0 if ids else empty + 1

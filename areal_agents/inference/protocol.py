@@ -3,8 +3,8 @@
 Server side: :func:`parse_generate` checks a ``/generate`` request (everything a client can
 get wrong raises :class:`BadRequest` with one clear message, which the server answers with
 HTTP 400 ``{"error": {"message": ...}}``) and :func:`response_body` builds the reply. Client
-side: :func:`parse_generate_reply` checks a reply (:class:`InferenceError` naming what is
-wrong), and the ``*_payload`` builders produce the exact bodies of the weight-update calls,
+side: :func:`parse_generate_reply` checks a reply and returns it as a :class:`Generation`
+(:class:`InferenceError` naming what is wrong), and the ``*_payload`` builders produce the exact bodies of the weight-update calls,
 so the NCCL weight path can be driven (and tested) without a GPU.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadRequest", "GenerateSpec", "InferenceError", "flag", "init_weights_update_group_payload", "is_int",
+__all__ = ["BadRequest", "GenerateSpec", "Generation", "InferenceError", "flag", "init_weights_update_group_payload", "is_int",
            "parse_generate", "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
 
@@ -64,15 +64,16 @@ class BadRequest(ValueError):
 
 @dataclass
 class GenerateSpec:
-    """One sequence to generate, fully checked (``n`` is already expanded)."""
+    """One sequence to generate, fully checked (``n`` is already expanded): the server's request
+    type, as :func:`parse_generate` returns it and the engine decodes it."""
 
     rid: str
     prompt: list[int]
-    max_new_tokens: int
-    min_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -314,8 +315,28 @@ def _version(v: Any) -> int:
         return -1  # e.g. SGLang's "default" before the first update
 
 
-def parse_generate_reply(body: Any, where: str = "server") -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
-    """Check one ``/generate`` reply; return (output_ids, logprobs, versions, finish_reason, text).
+@dataclass
+class Generation:
+    """One completion of ``input_ids`` as the server returned it (the reply's wire type).
+
+    ``logprobs[i]`` is ``log_softmax(logits / temperature)`` of ``output_ids[i]``;
+    ``versions[i]`` is the weight version that produced it (they differ when the request
+    was interrupted by a weight update and resumed). ``finish_reason`` is ``stop``,
+    ``length`` or ``abort``.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str = "stop"
+    text: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_generate_reply(body: Any, where: str = "server") -> Generation:
+    """Check one ``/generate`` reply and return it as a :class:`Generation`: ``info["finish"]``
+    holds the reply's whole ``finish_reason`` object, ``info["top_logprobs"]`` its
+    ``output_top_logprobs`` when the server sent them (one row per output token).
 
     Raises :class:`InferenceError` naming what is wrong instead of a ``KeyError``.
     """
@@ -345,7 +366,11 @@ def parse_generate_reply(body: Any, where: str = "server") -> tuple[list[int], l
     else:
         versions = [_version(meta.get("weight_version"))] * len(ids)
     text = body.get("text", "")
-    return ids, logprobs, versions, finish, text if isinstance(text, str) else ""
+    info: dict[str, Any] = {"finish": finish}
+    tops = meta.get("output_top_logprobs")
+    if isinstance(tops, list) and len(tops) == len(ids):
+        info["top_logprobs"] = tops
+    return Generation(ids, logprobs, versions, finish["type"], text if isinstance(text, str) else "", info)
 
 
 def update_weights_from_disk_payload(

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
-from areal_agents.inference.protocol import BadRequest, flag, parse_generate, require, response_body
+from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, parse_generate, require, response_body
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -104,17 +104,12 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         fut: asyncio.Future[GenRequest] = loop.create_future()
         futures.append(fut)
         req = GenRequest(
-            rid=spec.rid, prompt=spec.prompt,
-            max_new_tokens=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
-            min_new_tokens=spec.min_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-            stop_strs=spec.stop, stop_ids=frozenset(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
-            logprob_start=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, lora=spec.lora_path,
-            seed=spec.sampling_seed,
+            spec, budget=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
             done=_resolve_from_thread(fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
         )
         reqs.append(req)
-        if req.max_new_tokens <= 0 and req.logprob_start < 0:  # nothing to compute
+        if req.budget <= 0 and spec.logprob_start_len < 0:  # nothing to compute
             req.finish = {"type": "length", "length": 0}
             fut.set_result(req)
         else:
@@ -287,7 +282,7 @@ async def _abort_request(request: web.Request) -> web.Response:
     rid, abort_all = body.get("rid"), body.get("abort_all", False)
     require(isinstance(abort_all, bool), "'abort_all' must be true or false")
     require(abort_all or isinstance(rid, str), "'rid' (a string) or 'abort_all': true is required")
-    n = await _call(request.app, lambda: engine.abort_where(lambda r: abort_all or r.rid == rid, "aborted by request"))
+    n = await _call(request.app, lambda: engine.abort_where(lambda r: abort_all or r.spec.rid == rid, "aborted by request"))
     return web.json_response({"success": True, "num_aborted": n})
 
 
@@ -308,7 +303,7 @@ async def _health_generate(request: web.Request) -> web.Response:
     if engine.paused:
         return web.Response(status=200)
     fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    req = GenRequest(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0,
+    req = GenRequest(GenerateSpec(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0),
                      done=_resolve_from_thread(fut))
     engine.submit(req)
     try:

@@ -71,7 +71,7 @@ class OpenAIAgent(Agent):
     def __init__(self, fn: AgentFn, *, turn_discount: float = 1.0, sampling: dict[str, Any] | None = None,
                  trajectory_mode: str | None = None) -> None:
         self.fn = fn
-        self.turn_discount = check_turn_discount(turn_discount)
+        self.turn_discount = check_turn_discount(turn_discount)  # kept; the rollout applies it (settle_returns)
         self.sampling = dict(sampling or {})
         self.trajectory_mode = check_mode(trajectory_mode or getattr(fn, "trajectory_mode", None) or "concat")
 
@@ -99,7 +99,7 @@ class OpenAIAgent(Agent):
         elif result is not None:
             return Trajectory(status="agent_error", info={"error": f"the agent returned {result!r}, not a finite "
                                                                    "number (the reward) or None"})
-        trajs = assemble(session.records, reward, self.turn_discount, self.trajectory_mode)
+        trajs = assemble(session.records, reward, self.trajectory_mode)
         if not trajs:
             return Trajectory(status="agent_error", info={"error": "the agent made no chat.completions calls"})
         main = trajs[-1]

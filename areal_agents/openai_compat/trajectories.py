@@ -4,18 +4,20 @@ Completions are taken in the order they were made. One whose prompt tokens start
 tokens of a trajectory built so far (its prompts and completions) extends it: the new prompt
 tokens are appended as context (loss mask 0) and the completion as generated tokens (loss mask
 1, with its logprobs and versions), as ``llm.chat`` records a multi-turn episode. Any other
-completion starts a trajectory of its own. The episode's reward ``R`` reaches every trajectory
-through the turn discount γ, counted in completions back from the episode's last: a trajectory
-whose last completion is ``d`` completions before the episode's last gets ``γ^d · R`` on its
-last turn (0 on its earlier turns), so the last completion gets ``γ^0 · R = R``. This is the
-``concat`` mode (:data:`MODES`).
+completion starts a trajectory of its own. This is the ``concat`` mode (:data:`MODES`).
 
 In the ``individual`` mode every completion is a trajectory of its own (its prompt as context,
-its completion as generated tokens), whether or not its prompt extends an earlier one: the
-completion ``d`` completions before the episode's last gets ``γ^d · R``. Use it for agents whose
-calls do not extend one another (sub-agents, context compaction, rewritten histories), where
-``concat`` would give as many trajectories anyway, each a different length; ``concat`` trains a
-multi-turn conversation as one sequence (shared prompt tokens once, per-turn returns).
+its completion as generated tokens), whether or not its prompt extends an earlier one. Use it for
+agents whose calls do not extend one another (sub-agents, context compaction, rewritten
+histories), where ``concat`` would give as many trajectories anyway, each a different length;
+``concat`` trains a multi-turn conversation as one sequence (shared prompt tokens once, per-turn
+returns).
+
+In both modes every trajectory earns the episode's reward ``R`` on its last turn (0 on its
+earlier turns); where the episode ends the rollout discounts it by the completions after that
+turn, ``γ^d · R``, so the episode's last completion keeps ``R``
+(:func:`~areal_agents.rollout.returns.settle_returns`, which reads the completion indices in each
+trajectory's ``info["calls"]``).
 """
 
 from __future__ import annotations
@@ -38,8 +40,7 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float,
-             mode: str = "concat") -> list[Trajectory]:
+def assemble(records: Sequence[CallRecord], reward: float, mode: str = "concat") -> list[Trajectory]:
     """The trajectories of an episode's ``records`` in ``mode`` (see the module docstring).
 
     The last entry holds the episode's last completion; each trajectory's ``info`` has
@@ -62,8 +63,6 @@ def assemble(records: Sequence[CallRecord], reward: float, turn_discount: float,
         target.state_keys.append(rec.state_key)
         target.info["calls"].append(rec.index)
         target.finish_reason = rec.finish_reason
-    order = {r.index: i for i, r in enumerate(ordered)}
-    for traj in trajs:  # d completions before the episode's last: gamma^d R on the trajectory's last turn
-        back = len(ordered) - 1 - order[traj.info["calls"][-1]]
-        traj.set_rewards([0.0] * (len(traj.info["calls"]) - 1) + [turn_discount**back * reward], turn_discount)
+    for traj in trajs:  # R earned on each trajectory's last turn; the discount comes where the episode ends
+        traj.set_rewards([0.0] * (len(traj.info["calls"]) - 1) + [reward])
     return sorted(trajs, key=lambda t: t.info["calls"][-1])

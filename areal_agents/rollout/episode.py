@@ -22,6 +22,7 @@ from typing import Any
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import EpisodesFailed, blame, describe, failure_message
 from areal_agents.registry import agents, envs
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 
 __all__ = ["EpisodeFn", "build_agent", "build_episode_fn", "classify_error", "env_factory", "episode_outcome",
@@ -85,29 +86,27 @@ async def with_deadline(episode: Awaitable[Trajectory], timeout: float) -> Traje
     return _failed("timeout", f"episode exceeded {timeout} s and ignored its cancellation")
 
 
-def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount: float | None) -> Trajectory:
-    """The trajectory of a finished episode task, whatever happened to it.
+def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount: float = 1.0,
+                    failure_policy: str = "drop") -> Trajectory:
+    """The trajectory of a finished episode task, whatever happened to it, its return settled.
 
     A cancelled task gives ``aborted``; an exception is classified by :func:`classify_error`;
-    an ``ok`` result that fails :meth:`Trajectory.validate` becomes ``agent_error``. With
-    ``turn_discount`` the return is recomputed from the per-turn rewards.
+    an ``ok`` result that fails :meth:`Trajectory.validate` becomes ``agent_error``. The return
+    comes from the per-turn rewards by :func:`~areal_agents.rollout.returns.settle_returns`
+    (``turn_discount``; under ``failure_policy="zero"`` a failed episode's rewards are 0).
     """
     if task.cancelled():
-        return _failed("aborted", f"episode cancelled ({cancel_reason or 'cancelled'})")
-    exc = task.exception()
-    if exc is not None:
-        return _failed(classify_error(exc), exc)
-    traj = task.result()
-    if not isinstance(traj, Trajectory):
-        return _failed("env_error", f"episode_fn returned {type(traj).__name__}, not Trajectory")
-    if traj.ok:
+        traj = _failed("aborted", f"episode cancelled ({cancel_reason or 'cancelled'})")
+    elif (exc := task.exception()) is not None:
+        traj = _failed(classify_error(exc), exc)
+    elif not isinstance(traj := task.result(), Trajectory):
+        traj = _failed("env_error", f"episode_fn returned {type(traj).__name__}, not Trajectory")
+    elif traj.ok:
         try:
-            if turn_discount is not None and traj.turn_rewards:
-                traj.set_rewards(traj.turn_rewards, turn_discount)
             traj.validate()
         except ValueError as exc:  # the agent builds the trajectory
             traj.status, traj.info["error"] = "agent_error", f"invalid trajectory: {exc}"
-    return traj
+    return settle_returns(traj, turn_discount, zero_failed=failure_policy == "zero")
 
 
 def make_episode_fn(
@@ -199,7 +198,7 @@ def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, samp
     ``episode_timeout`` is for episodes run outside a :class:`~areal_agents.rollout.RolloutExecutor`
     (which times its episodes out itself).
     """
-    from areal_agents.inference.llm_client import ClientLLM
+    from areal_agents.llm import ClientLLM
 
     llm_factory = functools.partial(ClientLLM, tokenizer, client, default_sampling=sampling)  # (rid) -> ClientLLM
     return make_episode_fn(env_factory(cfg), build_agent(cfg, sampling), llm_factory, episode_timeout=episode_timeout)
@@ -230,7 +229,7 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
 
     async def one(fn: EpisodeFn, row: dict[str, Any], seed: int) -> Trajectory:
         async with sem:
-            traj = await fn(row, seed, f"eval-{uuid.uuid4().hex[:12]}")
+            traj = settle_returns(await fn(row, seed, f"eval-{uuid.uuid4().hex[:12]}"), cfg.env.turn_discount)
         if progress is not None:
             progress.advance(task_id)
         return traj

@@ -14,17 +14,17 @@ batch taken at version t started at version ≥ t − η. Each episode runs unde
 ``submitted == accepted + failed + dropped + in_flight`` (:meth:`counts`):
 
 - ``accepted`` — ``ok`` episodes of groups handed out or ready to be;
-- ``failed`` — episodes with a non-``ok`` status (``env_error``, ``reward_error``,
-  ``timeout``, ``server_error``, ``aborted``), whatever the policy; per status in
-  ``rollout/failed/<status>``. ``failure_policy=drop`` drops the failed episode's whole group
-  (batches keep groups of exactly ``group_size``); ``zero`` keeps it in its group with
-  reward 0 and its status set, so the trainer can mask it;
-- ``dropped`` — ``ok`` episodes discarded with their group: by the group filter
-  (``nonzero_std``; after ``4 × batch_size`` groups in a row fail it, as when the policy
-  always or never succeeds, groups are kept until one passes again, so that training goes
-  on instead of waiting for a group that may never come), for staleness (with the episodes
-  cancelled for it), or because a sibling failed under ``drop``;
-  ``rollout/dropped_groups`` counts those groups (by reason under ``rollout/dropped_groups/*``);
+- ``failed`` — episodes with a non-``ok`` status (``env_error``, ``reward_error``, ``timeout``,
+  ``server_error``, ``aborted``), whatever the policy; per status in ``rollout/failed/<status>``.
+  ``failure_policy=drop`` drops the failed episode's whole group (batches keep groups of exactly
+  ``group_size``); ``zero`` keeps it in its group with reward 0 (set where the episode ends,
+  :func:`~areal_agents.rollout.returns.settle_returns`) and its status set, so the trainer can mask it;
+- ``dropped`` — ``ok`` episodes discarded with their group: by the group filter (``nonzero_std``;
+  after ``4 × batch_size`` groups in a row fail it, as when the policy always or never succeeds,
+  groups are kept until one passes again, so that training goes on instead of waiting for a group
+  that may never come), for staleness (with the episodes cancelled for it), or because a sibling
+  failed under ``drop``; ``rollout/dropped_groups`` counts those groups (by reason under
+  ``rollout/dropped_groups/*``);
 - ``in_flight`` — queued, running, or finished but waiting for the rest of their group.
 """
 
@@ -57,17 +57,19 @@ log = logging.getLogger("areal_agents.rollout")
 class RolloutExecutor:
     """Runs episode groups asynchronously and returns training batches (see the module doc).
 
-    ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when
-    ``shuffle``); ``submit(row)`` adds a group by hand. ``turn_discount``, when given,
-    recomputes every ok trajectory's return from its ``turn_rewards``. ``group_filter``
-    overrides ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown``
-    coroutine functions run on the executor's loop at shutdown (e.g. closing an HTTP client
-    session that lives on that loop). ``bounded_staleness=False`` limits launches by
-    ``max_concurrent_rollouts`` only (rollout-only mode and evaluation). When every episode of
-    ``max_failed_streak`` groups in a row failed (servers down, a broken env), waiting raises
-    :class:`EpisodesFailed` naming the failed component and its last error instead of spinning
-    forever (0 disables).
+    ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when ``shuffle``);
+    ``submit(row)`` adds a group by hand. Every episode's return is settled from its ``turn_rewards``
+    with ``turn_discount`` γ and ``cfg.failure_policy`` (:func:`~areal_agents.rollout.returns.settle_returns`).
+    ``group_filter`` overrides ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown``
+    coroutine functions run on the executor's loop at shutdown (e.g. closing an HTTP client session
+    that lives on that loop). ``bounded_staleness=False`` limits launches by ``max_concurrent_rollouts``
+    only (rollout-only mode and evaluation). When every episode of ``max_failed_streak`` groups in a
+    row failed (servers down, a broken env), waiting raises :class:`EpisodesFailed` naming the failed
+    component and its last error instead of spinning forever (0 disables). Implements
+    :class:`~areal_agents.rollout.interface.Rollout`.
     """
+
+    runs_in = "a thread of the trainer"
 
     def __init__(
         self,
@@ -77,7 +79,7 @@ class RolloutExecutor:
         rows: Iterable[dict[str, Any]] | None = None,
         seed: int = 1,
         shuffle: bool = True,
-        turn_discount: float | None = None,
+        turn_discount: float = 1.0,
         group_filter: GroupFilter | None = None,
         on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
         bounded_staleness: bool = True,
@@ -89,7 +91,7 @@ class RolloutExecutor:
         self._episode_fn = episode_fn
         self._feeder = RowFeeder(rows, seed=seed, shuffle=shuffle, skip=cfg.skip_no_signal)
         self._seed = int(seed)
-        self._turn_discount = None if turn_discount is None else check_turn_discount(turn_discount)
+        self._turn_discount = check_turn_discount(turn_discount)
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
         self._filtered_in_a_row = 0  # groups the filter dropped since one passed it
         self._on_shutdown = list(on_shutdown)
@@ -178,7 +180,7 @@ class RolloutExecutor:
             for g in stale:
                 g.stale = True
         if stale and self._thread is not None and self._state == "running":
-            self._thread.call_soon(self._cancel_groups, stale)
+            self._thread.call_soon(Group.cancel_all, stale)
         self._kick()
 
     def pause(self) -> None:
@@ -280,13 +282,13 @@ class RolloutExecutor:
     def stats(self) -> dict[str, float]:
         """Metrics of the last batch plus cumulative counters, with fixed names.
 
-        ``rollout/episode_len`` is the mean trajectory length in tokens (prompt, generated and
-        env tokens), ``rollout/tokens`` the mean generated tokens, ``rollout/turns`` the mean
-        LLM turns; ``rollout/signal_groups`` the fraction of the batch's groups whose rewards
-        differ (0: the batch has no learning signal for group baselines; with groups of one,
-        1 or 0 as the batch's rewards differ or not); ``rollout/skipped_rows`` the rows passed over
-        so far (``skip_no_signal``); ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*``
-        rates cover every episode finished since the previous batch.
+        ``rollout/episode_len`` is the mean trajectory length in tokens (prompt, generated, env),
+        ``rollout/tokens`` the mean generated tokens, ``rollout/turns`` the mean LLM turns;
+        ``rollout/signal_groups`` the fraction of the batch's groups whose rewards differ (0: no
+        signal for group baselines; with groups of one, 1 or 0 as the batch's rewards differ or
+        not); ``rollout/skipped_rows`` the rows passed over so far (``skip_no_signal``);
+        ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*`` rates cover
+        every episode finished since the previous batch.
         """
         with self._cond:
             counts = {f"rollout/{k}": float(v) for k, v in self.counts().items() if k != "ready_groups"}
@@ -324,7 +326,7 @@ class RolloutExecutor:
                 self._ledger.fail_unlaunched(self._pending.popleft().size)
             groups = list(self._active.values())
         tasks = [task for g in groups for task in g.tasks]
-        self._cancel_groups(groups, "shutdown")
+        Group.cancel_all(groups, "shutdown")
         if tasks:
             _, still = await asyncio.wait(tasks, timeout=grace)
             if still:
@@ -396,7 +398,7 @@ class RolloutExecutor:
     # ------------------------------------------------------------------ completion
     def _on_done(self, g: Group, k: int, task: asyncio.Future[Any]) -> None:
         try:
-            traj = episode_outcome(task, g.cancel_reason, self._turn_discount)
+            traj = episode_outcome(task, g.cancel_reason, self._turn_discount, self.cfg.failure_policy)
             traj.group_id, traj.start_version = g.group_id, g.start_version
             traj.info.setdefault("episode_id", f"{g.group_id}-{k}")
             traj.info.setdefault("seed", g.seed + k)
@@ -424,8 +426,6 @@ class RolloutExecutor:
         elif failed and self.cfg.failure_policy == "drop":
             reason = "failed"
         else:
-            for t in failed:  # failure_policy == "zero": keep, with no reward
-                t.set_rewards([0.0] * len(t.turn_rewards), 1.0)
             if self._filter is not None:
                 signal = self._filter(members)
                 self._filtered_in_a_row = 0 if signal else self._filtered_in_a_row + 1
@@ -447,10 +447,3 @@ class RolloutExecutor:
             self._delivered_groups -= 1
             dropped += 1
         return dropped
-
-    @staticmethod
-    def _cancel_groups(groups: list[Group], reason: str = "stale") -> None:
-        for g in groups:
-            g.cancel_reason = g.cancel_reason or reason  # the first reason a group was cancelled for
-            for task in list(g.tasks):
-                task.cancel()

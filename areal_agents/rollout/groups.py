@@ -145,6 +145,15 @@ class Group:
     def members(self) -> list[Trajectory]:
         return [t for t in self.trajectories if t is not None]
 
+    @staticmethod
+    def cancel_all(groups: list[Group], reason: str = "stale") -> None:
+        """Cancel the running episodes of ``groups`` (event-loop thread), keeping each group's
+        first ``cancel_reason``."""
+        for g in groups:
+            g.cancel_reason = g.cancel_reason or reason
+            for task in list(g.tasks):
+                task.cancel()
+
 
 class Ledger:
     """Episode counters: each submitted episode ends in exactly one of accepted/failed/dropped.

@@ -3,10 +3,9 @@
 In one process the rollout loop (HTTP client, JSON, tokenising, env turns) and the trainer's
 op-by-op dispatch take turns on one interpreter lock, and a train step of a small model is
 spent mostly waiting for it. :class:`RolloutProcess` runs the same :class:`RolloutExecutor`
-in a child process and forwards its calls over a socket: ``start``, ``pause``, ``resume``,
-``set_version``, ``prepare_batch``, ``stats``, ``counts``, ``state_dict``, ``load_state_dict``,
-``shutdown`` and ``running`` behave as the executor's, and an error raised in the child is
-raised again in the caller.
+in a child process and forwards its calls over a socket: the calls of the
+:class:`~areal_agents.rollout.interface.Rollout` protocol behave as the executor's, and an error
+raised in the child is raised again in the caller.
 
 The child is built by :func:`build_executor` from the run's config, server addresses and model
 path. It starts from a fresh interpreter, so it receives the parent's registrations (envs,
@@ -36,6 +35,7 @@ from areal_agents.config_loader import import_user_module, user_files
 from areal_agents.lifeline import watch_parent
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
+from areal_agents.rollout.interface import Rollout
 from areal_agents.types import Trajectory
 
 __all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]
@@ -66,7 +66,7 @@ def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
     return RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
                                                                     sampling=sampling_params(cfg)),
                            rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
-                           on_shutdown=[client.aclose])
+                           turn_discount=cfg.env.turn_discount, on_shutdown=[client.aclose])
 
 
 def registrations(cfg: ExperimentConfig | None = None) -> bytes:
@@ -167,8 +167,10 @@ class RolloutProcess:
 
     ``registrations_blob`` comes from :func:`registrations`. The child builds its executor
     while the caller goes on (the trainer loads its model meanwhile); the first call waits for
-    it and raises the error if building it failed.
+    it and raises the error if building it failed. Implements :class:`~areal_agents.rollout.interface.Rollout`.
     """
+
+    runs_in = "its own process"
 
     def __init__(self, cfg: ExperimentConfig, addresses: list[str], model_path: str, *,
                  registrations_blob: bytes) -> None:
@@ -179,6 +181,7 @@ class RolloutProcess:
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         self._conn = Connection(ours.detach())
         self._conn.send((list(sys.path), registrations_blob, cfg, list(addresses), model_path))
+        self.cfg = cfg.rollout
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
         self._closed = self._started = self._built = False
@@ -236,8 +239,19 @@ class RolloutProcess:
         """True between :meth:`start` and :meth:`shutdown` (known here: no call to the child)."""
         return self._started and not self._closed
 
+    @property
+    def bounded_staleness(self) -> bool:
+        return bool(self._call("bounded_staleness"))
+
+    @bounded_staleness.setter
+    def bounded_staleness(self, value: bool) -> None:
+        self._call("__setattr__", "bounded_staleness", bool(value))
+
+    def wait(self, count: int, timeout: float | None = None) -> list[list[Trajectory]]:
+        return self._call("wait", count, timeout)  # type: ignore[no-any-return]
+
     def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
-        return self._call("prepare_batch", timeout)
+        return self._call("prepare_batch", timeout)  # type: ignore[no-any-return]
 
     def stats(self) -> dict[str, float]:
         return dict(self._call("stats"))
@@ -273,3 +287,6 @@ class RolloutProcess:
             return self._proc.wait(wait)
         except subprocess.TimeoutExpired:
             return None
+
+
+_IMPLEMENTS: tuple[type[Rollout], ...] = (RolloutExecutor, RolloutProcess)  # checked by mypy: both are Rollouts

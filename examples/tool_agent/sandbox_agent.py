@@ -124,7 +124,7 @@ class SandboxToolAgent(Agent):
         info.update(end_reason=end_reason, num_turns=len(rewards), turn_finish_reasons=llm.finish_reasons)
         info.setdefault("success", False)
         traj = llm.to_trajectory(status=status, info=jsonable(info))
-        traj.set_rewards(rewards, self.turn_discount)
+        traj.set_rewards(rewards)  # per-turn rewards: the rollout applies env.turn_discount where the episode ends
         return traj
 
 

@@ -10,6 +10,7 @@ import torch
 from algorithms.advantages import (
     dr_grpo_advantages,
     gae_advantages,
+    gae_returns,
     grpo_advantages,
     reinforce_advantages,
     reinforce_pp_advantages,
@@ -153,7 +154,8 @@ def test_gae_hand_computed() -> None:
     b = make_batch([1.0], [3], [0])
     b["values"] = torch.tensor([[0.5, 0.6, 0.7, 0.0]])
     adv = gae_advantages(b, cfg(lam=0.5, adv_eps=0.0))
-    expect(b["returns"], [[0.725, 0.85, 1.0, 0.0]])
+    assert "returns" not in b  # the batch is read, never written
+    expect(gae_returns(b, cfg(lam=0.5, adv_eps=0.0)), [[0.725, 0.85, 1.0, 0.0]])
     expect(adv, [[-1.0690450, -0.2672612, 1.3363062, 0.0]])
 
 
@@ -162,8 +164,7 @@ def test_gae_discount_and_gaps() -> None:
     mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
     b = {"loss_mask": mask, "rewards": torch.tensor([2.0]), "group_ids": torch.tensor([0]),
          "values": torch.tensor([[0.0, 0.0, float("nan"), 0.0]])}
-    gae_advantages(b, cfg(gamma=0.5, lam=1.0))
-    expect(b["returns"], [[0.5, 1.0, 0.0, 2.0]])
+    expect(gae_returns(b, cfg(gamma=0.5, lam=1.0)), [[0.5, 1.0, 0.0, 2.0]])
     with pytest.raises(ValueError, match="credit='turn'"):
         gae_advantages(b, cfg(credit="turn"))
     with pytest.raises(ValueError, match="'values'"):
@@ -203,7 +204,7 @@ def test_non_finite_inputs_are_rejected(bad: float) -> None:
         gae_advantages(b, cfg())
     b["values"] = torch.tensor([[0.0, 0, bad, 0], [0, bad, 0, 0]])  # outside the mask: ignored
     adv = gae_advantages(b, cfg())
-    assert bool(torch.isfinite(adv).all()) and bool(torch.isfinite(b["returns"]).all())
+    assert bool(torch.isfinite(adv).all()) and bool(torch.isfinite(gae_returns(b, cfg())).all())
 
 
 def test_missing_and_misshaped_inputs_name_the_tensor() -> None:

@@ -199,7 +199,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "class MyEnv(Env):": "not run: a fragment; the README's and quickstart's envs call compute_reward this way",
         "from areal_agents import register_reward": f"{_HERE}::test_rewards_doc_blocks_run",
     },
-    "docs/trainer.md": {"engine = TrainEngine(cfg, model_path)              # critic=None asks the algorithm spec":
+    "docs/trainer.md": {"engine = build_engine(cfg, model_path, spec)        # trainers.loop: critic / reference as the spec needs":
                         "not run: a fragment (cfg, batch, ...)"},
 }
 

@@ -15,6 +15,7 @@ from examples_support import ROOT, TINY, load_example, run_command, train_steps
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import CharTokenizer, ScriptedLLM
 
 
@@ -47,7 +48,8 @@ def test_calc_agent_calls_the_tool_then_answers() -> None:
     reward = asyncio.run(module.calc_agent(EpisodeClient(session), {"prompt": "37+45=", "answer": "82"}))
     assert reward == 1.0 and len(session.records) == 2
     assert "82" in backend.tokenizer.decode(session.records[1].prompt_ids)  # the tool's result reached the model
-    [traj] = assemble(session.records, reward, 0.9)  # the second call extends the first: one trajectory
+    [traj] = assemble(session.records, reward)  # the second call extends the first: one trajectory
+    settle_returns(traj, 0.9)  # env.turn_discount, applied where the episode ends
     assert traj.num_turns == 2 and traj.turn_returns == [0.9, 1.0]
     assert module.run_tool("add", '{"a": "x"}').startswith("error")
 

@@ -17,6 +17,7 @@ from examples_support import ROOT, load_example, metrics_rows, run_command
 
 from areal_agents import make_env
 from areal_agents.data import arithmetic_dataset
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import ScriptedLLM
 
 ROW = {"prompt": "37*45=?", "answer": "1665", "expression": "37*45"}
@@ -29,7 +30,7 @@ def _load() -> ModuleType:
 def test_agent_runs_the_tool_in_the_sandbox_then_answers() -> None:
     agent = _load().SandboxToolAgent(max_turns=3, turn_discount=0.5)
     llm = ScriptedLLM(["<python>import socket\nprint(37*45)</python>", "1665"])
-    traj = asyncio.run(agent.run(make_env("python-tool"), llm, ROW, seed=0))
+    traj = settle_returns(asyncio.run(agent.run(make_env("python-tool"), llm, ROW, seed=0)), 0.5)
     assert traj.status == "ok" and traj.info["success"] is True and traj.info["agent_tool_calls"] == 1
     assert llm.messages[2] == {"role": "user", "content": "<output>1665</output>"}  # real sandboxed run
     assert traj.turn_rewards == [0.0, 1.0] and traj.reward == 0.5  # the tool call cost one factor γ

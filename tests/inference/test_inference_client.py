@@ -275,6 +275,7 @@ def test_no_server_reachable_raises_after_retries() -> None:
 def test_parse_reply_uses_per_token_versions() -> None:
     body = {"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "weight_version": "3",
             "output_token_logprobs": [[-1.0, 1, None], [-2.0, 2, None]], "output_token_weight_versions": ["2", "3"]}}
-    ids, lps, versions, finish, _ = parse_generate_reply(body)
-    assert (ids, lps, versions, finish["type"]) == ([1, 2], [-1.0, -2.0], [2, 3], "stop")
+    gen = parse_generate_reply(body)
+    assert (gen.output_ids, gen.logprobs, gen.versions, gen.finish_reason) == ([1, 2], [-1.0, -2.0], [2, 3], "stop")
+    assert gen.info["finish"] == {"type": "stop", "matched": 2} and "top_logprobs" not in gen.info
 

@@ -12,6 +12,7 @@ from inference_support import make_models
 
 from areal_agents.inference._engine import Engine, GenRequest
 from areal_agents.inference._sampling import sample_next
+from areal_agents.inference.protocol import GenerateSpec
 from areal_agents.inference.server import load_model
 
 
@@ -25,6 +26,11 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     eng.stop()
 
 
+def request(**spec: Any) -> GenRequest:
+    """An engine request for a parsed ``/generate`` spec with these fields."""
+    return GenRequest(GenerateSpec(**spec))
+
+
 def run_all(engine: Engine, reqs: list[GenRequest], timeout: float = 60) -> list[GenRequest]:
     done = threading.Semaphore(0)
     for r in reqs:
@@ -36,7 +42,7 @@ def run_all(engine: Engine, reqs: list[GenRequest], timeout: float = 60) -> list
 
 
 def test_more_requests_than_slots_all_finish(engine: Engine) -> None:
-    reqs = [GenRequest(rid=str(i), prompt=[3 + i, 4], max_new_tokens=5 + i, ignore_eos=True) for i in range(20)]
+    reqs = [request(rid=str(i), prompt=[3 + i, 4], max_new_tokens=5 + i, ignore_eos=True) for i in range(20)]
     run_all(engine, reqs)
     assert [len(r.output_ids) for r in reqs] == [5 + i for i in range(20)]
     assert engine.metrics["max_batch"] <= 8
@@ -64,10 +70,10 @@ def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine: E
     real = engine.model
     engine.call(lambda: setattr(engine, "model", _FailOnce(real))).result(10)
     try:
-        failed = run_all(engine, [GenRequest(rid="f", prompt=[5, 6], max_new_tokens=4)])[0]
+        failed = run_all(engine, [request(rid="f", prompt=[5, 6], max_new_tokens=4)])[0]
         assert failed.error is not None and "injected failure" in failed.error
         assert failed.finish is not None and failed.finish["type"] == "abort"
-        ok = run_all(engine, [GenRequest(rid="ok", prompt=[5, 6], max_new_tokens=4, ignore_eos=True)])[0]
+        ok = run_all(engine, [request(rid="ok", prompt=[5, 6], max_new_tokens=4, ignore_eos=True)])[0]
         assert ok.error is None and len(ok.output_ids) == 4 and engine.alive
         assert engine.metrics["errors"] == 1
     finally:
@@ -95,13 +101,13 @@ def test_sampling_filters_do_not_change_logprobs() -> None:
 def test_identical_requests_share_one_prefill_row_and_sample_independently(engine: Engine) -> None:
     """A group's samples (same prompt) are prefilled once, then each samples on its own: the
     greedy ones agree with a lone request token for token, the sampled ones differ."""
-    lone = run_all(engine, [GenRequest(rid="lone", prompt=[5, 6, 7, 8], max_new_tokens=6, temperature=0.0,
+    lone = run_all(engine, [request(rid="lone", prompt=[5, 6, 7, 8], max_new_tokens=6, temperature=0.0,
                                        ignore_eos=True)])[0]
     engine.call(lambda: engine.set_paused(True)).result(10)
     before = dict(engine.metrics)
-    greedy = [GenRequest(rid=f"g{i}", prompt=[5, 6, 7, 8], max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    greedy = [request(rid=f"g{i}", prompt=[5, 6, 7, 8], max_new_tokens=6, temperature=0.0, ignore_eos=True)
               for i in range(3)]
-    sampled = [GenRequest(rid=f"s{i}", prompt=[5, 6, 7, 8], max_new_tokens=6, ignore_eos=True) for i in range(5)]
+    sampled = [request(rid=f"s{i}", prompt=[5, 6, 7, 8], max_new_tokens=6, ignore_eos=True) for i in range(5)]
     done = threading.Semaphore(0)
     for r in greedy + sampled:
         r.done = lambda _r: done.release()
@@ -122,7 +128,7 @@ def test_finished_rows_leave_in_waves_and_change_no_request(engine: Engine) -> N
     quarter of its rows), not once per finish; every request's tokens and logprobs are still
     those it gets alone."""
     def reqs() -> list[GenRequest]:
-        return [GenRequest(rid=f"w{i}", prompt=[3 + i % 7, 4 + i % 5, 9], max_new_tokens=1 + i, temperature=0.0,
+        return [request(rid=f"w{i}", prompt=[3 + i % 7, 4 + i % 5, 9], max_new_tokens=1 + i, temperature=0.0,
                            ignore_eos=True) for i in range(32)]
 
     alone = [run_all(engine, [r])[0] for r in reqs()]
@@ -141,7 +147,7 @@ def test_finished_rows_leave_in_waves_and_change_no_request(engine: Engine) -> N
     assert engine.metrics["prefills"] - before["prefills"] <= 16
     assert engine.metrics["max_batch"] <= 8
     for a, t in zip(alone, together, strict=True):
-        assert t.output_ids == a.output_ids and len(t.output_ids) == t.max_new_tokens
+        assert t.output_ids == a.output_ids and len(t.output_ids) == t.spec.max_new_tokens
         assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
     rows, batch = engine.call(lambda: (list(engine.rows), engine.kv.batch)).result(10)
     assert rows == [] and batch == 0  # the last wave left the batch empty
@@ -167,12 +173,12 @@ def test_the_cache_goes_by_the_name_the_models_forward_takes(engine: Engine) -> 
     """Greedy decodes agree token for token whether the forward calls its cache ``cache`` or
     ``past_key_values``: with the wrong name every step would re-read only its last token."""
     prompt = [5, 6, 7, 8, 9]
-    want = run_all(engine, [GenRequest(rid="new", prompt=prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)])
+    want = run_all(engine, [request(rid="new", prompt=prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)])
     old = Engine(_OldCacheName(engine.model), engine.tokenizer, max_batch_size=4)
     assert old._cache_kw == "past_key_values" and engine._cache_kw in ("cache", "past_key_values")
     old.start()
     try:
-        got = run_all(old, [GenRequest(rid="old", prompt=prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)])
+        got = run_all(old, [request(rid="old", prompt=prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)])
     finally:
         old.stop()
     assert got[0].output_ids == want[0].output_ids and len(got[0].output_ids) == 8

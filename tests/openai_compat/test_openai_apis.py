@@ -78,7 +78,7 @@ def test_responses_tool_round_trip_extends_one_trajectory(tokenizer: Any) -> Non
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Five."
     assert events[-1].response.output_text == "Five."
-    trajs = assemble(session.records, 1.0, 1.0)  # the tool round trip extended the first call's tokens
+    trajs = assemble(session.records, 1.0)  # the tool round trip extended the first call's tokens
     assert [t.info["calls"] for t in trajs] == [[0, 1], [2]]
     assert trajs[0].input_ids[: len(session.records[0].prompt_ids)] == session.records[0].prompt_ids
     rendered = tokenizer.decode(session.records[0].prompt_ids)
@@ -145,7 +145,7 @@ def test_messages_tool_round_trip_with_the_anthropic_client(tokenizer: Any) -> N
                                         "content_block_stop", "message_delta", "message_stop"]
     assert events[2].delta.text == "Five." and events[4].delta.stop_reason == "end_turn"
     assert events[4].usage.output_tokens == len(session.records[2].completion_ids)
-    trajs = assemble(session.records, 1.0, 1.0)
+    trajs = assemble(session.records, 1.0)
     assert [t.info["calls"] for t in trajs] == [[0, 1], [2]]
 
 
@@ -234,5 +234,5 @@ def test_agents_sdk_streamed_run_calls_the_tool_through_responses_events(tokeniz
     final, kinds = asyncio.run(main())
     assert final == "The answer is 5." and seen == [(2, 3)]
     assert "raw_response_event" in kinds
-    [traj] = assemble(session.records, 1.0, 1.0)  # the SDK resent the call and its output: one trajectory
+    [traj] = assemble(session.records, 1.0)  # the SDK resent the call and its output: one trajectory
     assert traj.info["calls"] == [0, 1]

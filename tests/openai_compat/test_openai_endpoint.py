@@ -128,7 +128,7 @@ def test_episode_endpoint_records_the_exact_sampled_tokens(server: ServerGroup, 
         ref, _ = reforward(models[0], rec.prompt_ids, rec.completion_ids)
         assert max(abs(a - b) for a, b in zip(ref, rec.logprobs, strict=True)) < 1e-4
         assert set(rec.versions) == {0}
-    trajs = assemble(session.records, 1.0, 1.0)  # two conversations of two calls, each extended by tokens
+    trajs = assemble(session.records, 1.0)  # two conversations of two calls, each extended by tokens
     assert [t.info["calls"] for t in trajs] == [[0, 1], [2, 3]]
     for traj in trajs:
         gen = [i for i, m in zip(traj.input_ids, traj.loss_mask, strict=True) if m]

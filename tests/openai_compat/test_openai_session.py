@@ -20,6 +20,7 @@ from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.tools import parse_tool_calls
 from areal_agents.openai_compat.trajectories import assemble
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 
@@ -118,7 +119,8 @@ def test_tool_call_reply_then_tool_result_extends_the_tokens(tokenizer: Any) -> 
     r1, r2 = session.records
     assert r2.prompt_ids[:len(r1.prompt_ids) + len(r1.completion_ids)] == r1.prompt_ids + r1.completion_ids
     assert first["usage"]["prompt_tokens"] == len(r1.prompt_ids)
-    [traj] = assemble(session.records, 1.0, 0.5)
+    [traj] = assemble(session.records, 1.0)
+    settle_returns(traj, 0.5)
     assert traj.turn_spans and len(traj.turn_spans) == 2
     gen = [t for t, m in zip(traj.input_ids, traj.loss_mask, strict=True) if m]
     assert gen == r1.completion_ids + r2.completion_ids
@@ -140,8 +142,11 @@ def test_rewritten_history_gives_one_trajectory_per_call_with_the_turn_discount(
             summary += reply["choices"][0]["message"]["content"]
 
     asyncio.run(agent())
-    trajs = assemble(session.records, 2.0, 0.5)
+    trajs = assemble(session.records, 2.0)
     assert len(trajs) == 3 and [t.info["calls"] for t in trajs] == [[0], [1], [2]]
+    assert [t.turn_rewards for t in trajs] == [[2.0], [2.0], [2.0]]  # each earns R; the rollout discounts
+    trajs[-1].segments = trajs[:-1]
+    settle_returns(trajs[-1], 0.5)
     assert [t.reward for t in trajs] == [0.5, 1.0, 2.0]  # γ² R, γ R, R: the last call gets γ⁰
     for traj, rec in zip(trajs, session.records, strict=True):
         assert traj.input_ids == rec.prompt_ids + rec.completion_ids and traj.num_generated == len(rec.completion_ids)
@@ -161,7 +166,7 @@ def test_n_choices_are_separate_until_one_is_continued(tokenizer: Any) -> None:
     r0, r1, r2 = session.records
     assert r0.prompt_ids == r1.prompt_ids and r0.request_id == r1.request_id
     assert r2.prompt_ids[:len(r1.prompt_ids) + len(r1.completion_ids)] == r1.prompt_ids + r1.completion_ids
-    trajs = assemble(session.records, 1.0, 1.0)
+    trajs = assemble(session.records, 1.0)
     assert [t.info["calls"] for t in trajs] == [[0], [1, 2]]
     # the n choices answered the same observation: one state key
     assert r0.state_key == r1.state_key == observation_key(USER) != r2.state_key
@@ -201,8 +206,9 @@ def test_segments_travel_with_the_episode_and_flatten_for_training(tokenizer: An
             await session.create(parse_request({"model": "m", "messages": [{"role": "user", "content": text}]}))
 
     asyncio.run(agent())
-    *others, main = assemble(session.records, 1.0, 0.5)
+    *others, main = assemble(session.records, 1.0)
     main.segments, main.group_id, main.start_version = others, "g7", 4
+    settle_returns(main, 0.5)  # as where the episode ends: the segment is one call before the last
     back = Trajectory.from_json(main.to_json())
     assert back.segments[0].input_ids == others[0].input_ids and back.segments[0].reward == 0.5
     flat = back.flatten()

@@ -1,6 +1,7 @@
 """The two trajectory modes of OpenAI-style agents, on hand-computed cases: ``concat`` (one
 trajectory per chain of calls whose prompts extend each other) and ``individual`` (one per call,
-reward ``R * γ^(calls after it)``), chosen per agent (an attribute) or by ``agent.trajectory_mode``."""
+reward ``R * γ^(calls after it)`` once the rollout settles the episode), chosen per agent (an
+attribute) or by ``agent.trajectory_mode``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from areal_agents.openai_compat.agent import OpenAIAgent
 from areal_agents.openai_compat.session import CallRecord
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.rollout.episode import build_agent
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import ScriptedLLM
+from areal_agents.types import Trajectory
 
 
 def rec(index: int, prompt: list[int], completion: list[int]) -> CallRecord:
@@ -30,19 +33,28 @@ RECORDS = [rec(0, [1, 2], [3, 4]), rec(1, [1, 2, 3, 4, 5], [6]), rec(2, [9, 9], 
            rec(3, [1, 2, 3, 4, 5, 6, 8], [10, 11])]
 
 
+def settled(records: list[CallRecord], reward: float, gamma: float, mode: str) -> list[Trajectory]:
+    """``assemble``'s trajectories as the rollout leaves them: the last one holds the others as
+    segments, and the episode's return is settled where it ends with discount ``gamma``."""
+    trajs = assemble(records, reward, mode)
+    trajs[-1].segments = trajs[:-1]
+    settle_returns(trajs[-1], gamma)
+    return trajs
+
+
 def test_concat_chains_extending_calls() -> None:
-    sub, main = assemble(RECORDS, 2.0, 0.5, "concat")
+    sub, main = settled(RECORDS, 2.0, 0.5, "concat")
     assert sub.info["calls"] == [2] and main.info["calls"] == [0, 1, 3]
     assert sub.input_ids == [9, 9, 7] and sub.loss_mask == [0, 0, 1]
     assert main.input_ids == [1, 2, 3, 4, 5, 6, 8, 10, 11]
     assert main.loss_mask == [0, 0, 1, 1, 0, 1, 0, 1, 1]
     assert main.logprobs == [0, 0, -0.5, -0.5, 0, -1.5, 0, -3.5, -3.5]
-    assert sub.turn_rewards == [1.0]  # one call after it: 2 * 0.5
+    assert sub.turn_rewards == [2.0] and sub.reward == 1.0  # earned R; one call after it: 2 * 0.5
     assert main.turn_rewards == [0.0, 0.0, 2.0] and main.turn_returns == [0.5, 1.0, 2.0]
 
 
 def test_individual_makes_each_call_a_sample_discounted_by_the_calls_after_it() -> None:
-    trajs = assemble(RECORDS, 2.0, 0.5, "individual")
+    trajs = settled(RECORDS, 2.0, 0.5, "individual")
     assert [t.info["calls"] for t in trajs] == [[0], [1], [2], [3]]
     assert [t.reward for t in trajs] == [0.25, 0.5, 1.0, 2.0]  # 2 * 0.5^3, ^2, ^1, ^0
     for traj, r in zip(trajs, RECORDS, strict=True):
@@ -53,9 +65,9 @@ def test_individual_makes_each_call_a_sample_discounted_by_the_calls_after_it() 
 
 
 def test_individual_with_no_discount_gives_every_call_the_reward() -> None:
-    assert [t.reward for t in assemble(RECORDS[:2], -1.0, 1.0, "individual")] == [-1.0, -1.0]
+    assert [t.reward for t in settled(RECORDS[:2], -1.0, 1.0, "individual")] == [-1.0, -1.0]
     with pytest.raises(ValueError, match="concat, individual"):
-        assemble(RECORDS, 1.0, 1.0, "chain")
+        assemble(RECORDS, 1.0, "chain")
 
 
 async def _three_calls(client: Any, row: dict[str, Any]) -> float:
@@ -84,7 +96,7 @@ def test_mode_from_the_agent_attribute_or_the_config(attribute: str | None, conf
         agent.trajectory_mode = attribute  # type: ignore[attr-defined]
     built = OpenAIAgent(agent, turn_discount=0.5, trajectory_mode=config)
     assert built.trajectory_mode == mode
-    main = _play(built)
+    main = settle_returns(_play(built), 0.5)  # env.turn_discount = 0.5, applied where the episode ends
     assert main.status == "ok" and main.info["trajectory_mode"] == mode
     flat = main.flatten()
     if mode == "concat":  # one three-turn sample, returns 4 * 0.5^2, 4 * 0.5, 4

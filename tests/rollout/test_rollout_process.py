@@ -26,6 +26,7 @@ from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.registry import envs, register_dataset, register_env
 from areal_agents.rollout.process import RolloutProcess, RolloutProcessDied, registrations
+from areal_agents.types import Trajectory
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(1, 2), (30, 4), (7, 70), (11, 11)]]
 
@@ -106,6 +107,26 @@ def test_the_child_runs_this_modules_env_and_answers_like_the_executor(server: S
     assert proc._proc.poll() is not None
     with pytest.raises(RuntimeError, match="shut down"):
         proc.stats()
+
+
+def test_rollout_only_mode_writes_through_the_child_as_through_the_executor(server: ServerHandle, model: Path,
+                                                                            tmp_path: Path) -> None:
+    """Both are a ``Rollout``: the calls rollout-only mode makes reach the child's executor."""
+    from trainers.rollout_only import write_rollouts
+
+    proc = RolloutProcess(config(), [server.address], str(model), registrations_blob=registrations())
+    try:
+        assert proc.runs_in == "its own process" and proc.cfg.group_size == 2
+        assert proc.bounded_staleness is True
+        proc.bounded_staleness = False
+        assert proc._call("bounded_staleness") is False  # set on the child's executor
+        proc.bounded_staleness = True
+        out = write_rollouts(proc, 4, tmp_path / "rollouts.jsonl", progress=False, timeout=60)
+        lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
+        assert out["episodes"] == len(lines) == 4 and proc.bounded_staleness is True  # lifted, then restored
+        assert all(Trajectory.from_json(line).status == "ok" for line in lines)  # taken by wait() in the child
+    finally:
+        proc.shutdown()
 
 
 def test_an_env_from_a_py_file_reaches_the_child(server: ServerHandle, model: Path, tmp_path: Path,

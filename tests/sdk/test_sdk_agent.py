@@ -9,6 +9,7 @@ import pytest
 
 from areal_agents import ChatAgent, Env, Trajectory
 from areal_agents.llm import LLM, Generation
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import CharTokenizer, ScriptedLLM
 from areal_agents.types import discounted_returns
 
@@ -34,7 +35,9 @@ class EchoEnv(Env):
 
 
 def play(env: Env, llm: LLM, **agent_kw: Any) -> Trajectory:
-    return asyncio.run(ChatAgent(**agent_kw).run(env, llm))
+    """One episode, its return settled with the agent's ``turn_discount`` as the rollout does."""
+    agent = ChatAgent(**agent_kw)
+    return settle_returns(asyncio.run(agent.run(env, llm)), agent.turn_discount)
 
 
 def test_multi_turn_token_bookkeeping() -> None:

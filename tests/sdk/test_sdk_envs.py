@@ -9,6 +9,7 @@ import pytest
 from areal_agents import ChatAgent, Env, check_env, make_env
 from areal_agents.env import EnvCheckError
 from areal_agents.registry import RegistryError, envs
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import ScriptedLLM
 
 BUILTINS = {"math", "math-multiturn", "guess-number", "python-tool", "countdown", "unit-convert"}
@@ -102,7 +103,7 @@ def test_math_env_plays_on_the_event_loop_with_the_sync_results(monkeypatch: pyt
 def test_math_multiturn_retries_with_feedback_and_discount() -> None:
     env = make_env("math-multiturn", max_turns=3)
     row = {"prompt": "2+2=", "answer": "4"}
-    traj = asyncio.run(ChatAgent(max_turns=5, turn_discount=0.5).run(env, ScriptedLLM(["5", "3", "4"]), row))
+    traj = settle_returns(asyncio.run(ChatAgent(max_turns=5).run(env, ScriptedLLM(["5", "3", "4"]), row)), 0.5)
     assert traj.turn_rewards == [0.0, 0.0, 1.0] and traj.reward == pytest.approx(0.25)
     assert "Wrong, try again." in traj.completion_text and traj.info["success"] is True
     env.reset(options=row)

@@ -88,7 +88,7 @@ def test_reference_conversation_is_what_the_openai_agent_records(tokenizer: Any)
     session = ChatSession(tokenizer, _replayer(tokenizer, list(replies)), {"max_new_tokens": 64})
     assert asyncio.run(unit_convert_agent(EpisodeClient(session), dict(row))) is None
     assert len(session.records) == 2  # the tool call, then the answer
-    [traj] = assemble(session.records, 1.0, 1.0)  # the answer's call extends the tool call's: one trajectory
+    [traj] = assemble(session.records, 1.0)  # the answer's call extends the tool call's: one trajectory
     assert traj.input_ids == ref.input_ids and traj.loss_mask == ref.loss_mask
     (_, first_end), (second, _) = traj.turn_spans
     between = tokenizer.decode(traj.input_ids[first_end:second])

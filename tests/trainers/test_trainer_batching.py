@@ -68,8 +68,10 @@ def test_recorded_keys_reach_the_step_advantage() -> None:
     from envs.math_multiturn import MultiTurnMathEnv
 
     row = {"prompt": "1+1=", "answer": "2"}
-    agent = ChatAgent(max_turns=3, turn_discount=0.5)
-    trajs = [asyncio.run(agent.run(MultiTurnMathEnv(max_turns=3), ScriptedLLM(replies), row))
+    from areal_agents.rollout.returns import settle_returns
+
+    agent = ChatAgent(max_turns=3)
+    trajs = [settle_returns(asyncio.run(agent.run(MultiTurnMathEnv(max_turns=3), ScriptedLLM(replies), row)), 0.5)
              for replies in (["3", "2"], ["4", "5", "2"])]
     for t in trajs:
         t.group_id = "row0"

@@ -152,9 +152,7 @@ def test_export_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -
 
 
 def test_reference_model_stays_frozen_and_critic_trains(model_dir: Path) -> None:
-    cfg = make_cfg()
-    cfg.algorithm.kl_ctl = 0.1
-    engine = TrainEngine(cfg, model_dir, critic=True)
+    engine = TrainEngine(make_cfg(), model_dir, critic=True, reference=True)  # the engine reads no algorithm config
     trajs = make_trajs(6, seed=9)
     ref0 = engine.compute_ref_logprobs(trajs)
     v0 = engine.compute_values(trajs)
@@ -319,7 +317,7 @@ def test_packed_prompts_give_the_same_logprobs_loss_and_update(model_dir: Path) 
     for p, engine in engines.items():
         b = engine.to_batch(trajs)
         b["advantages"] = spec.advantage_fn()(b, engine.cfg.algorithm)
-        stats[p] = [engine.train_batch(b, spec.loss_fn()) for _ in range(2)]
+        stats[p] = [engine.train_batch(b, spec.loss_fn(), detached_logp_key="prox_logp") for _ in range(2)]
     for k in ("loss", "grad_norm", "train/entropy", "train/clip_frac"):
         assert stats[True][-1][k] == pytest.approx(stats[False][-1][k], rel=1e-4, abs=1e-6), k
     pa, pb = _params(engines[True]), _params(engines[False])

@@ -123,7 +123,7 @@ def mismatch_step(model_path: str | Path, nproc: int, budget: int, mode: str, co
     batch["advantages"] = torch.where(mask, torch.randn(trainer.shape, generator=g), 0.0)
     w, capped = behave_importance_weights(trainer, batch["logprobs"], mask, cfg.algorithm.imp_weight_mode,
                                           correction, 1.5)
-    return engine.train_batch(batch, ppo_loss, temperature=1.0), w, capped, mask
+    return engine.train_batch(batch, ppo_loss, temperature=1.0, detached_logp_key="prox_logp"), w, capped, mask
 
 
 def mismatch_worker(rank: int, world: int, model_path: str, out_file: str, mode: str, correction: str) -> None:

@@ -1,0 +1,59 @@
+"""The one owner of an episode's return (no torch).
+
+Agents report what each turn earned, ``Trajectory.turn_rewards`` (with ``Trajectory.set_rewards``,
+whose returns are undiscounted until settled); the rollout turns them into the episode's
+``reward`` and per-turn ``turn_returns`` with :func:`settle_returns` where
+the episode ends (:func:`~areal_agents.rollout.episode.episode_outcome` for the executor, and
+:func:`~areal_agents.rollout.episode.evaluate`). It applies the run's turn discount γ
+(``env.turn_discount``) and the failure policy, so an agent that only records rewards gets the
+same returns as the built-in ones, and one that computed its own is overruled:
+
+- ``reward = Σ_k γ^k r_k`` and ``turn_returns[t] = Σ_{k≥t} γ^(k−t) r_k`` over the turns of the
+  trajectory and of each of its ``segments``;
+- a segment whose last turn comes before the episode's last one (an OpenAI-style agent's call
+  whose prompt did not extend the episode's tokens; each trajectory's ``info["calls"]`` lists the
+  indices of the episode's calls it holds) has its last reward discounted by the ``d`` calls
+  after it: ``γ^d · r``;
+- with ``zero_failed``, an episode whose status is not ``ok`` gets reward 0 on every turn
+  (``rollout.failure_policy=zero`` keeps it in its group that way, so the trainer can mask it);
+- a trajectory without ``turn_rewards`` keeps the ``reward`` its agent set (0 when failed under
+  ``zero_failed``).
+
+Settling is idempotent: it reads only ``turn_rewards``, never a return computed before.
+"""
+
+from __future__ import annotations
+
+from areal_agents.types import Trajectory, check_turn_discount, discounted_returns
+
+__all__ = ["settle_returns"]
+
+
+def _calls_after(parts: list[Trajectory]) -> list[int]:
+    """For each part, how many of the episode's calls come after its last one (0 when unknown)."""
+    calls: list[list[int]] = []
+    for part in parts:
+        held = part.info.get("calls") if isinstance(part.info, dict) else None
+        if len(parts) < 2 or not isinstance(held, list) or not held:
+            return [0] * len(parts)
+        calls.append(held)
+    every = [i for held in calls for i in held]
+    return [sum(i > held[-1] for i in every) for held in calls]
+
+
+def settle_returns(traj: Trajectory, turn_discount: float = 1.0, *, zero_failed: bool = False) -> Trajectory:
+    """Derive ``traj``'s ``reward`` and ``turn_returns`` (and its segments') from their
+    ``turn_rewards`` (see the module docstring); returns ``traj``, changed in place."""
+    gamma = check_turn_discount(turn_discount)
+    zero = zero_failed and not traj.ok
+    parts = [traj, *traj.segments]
+    for part, later in zip(parts, _calls_after(parts), strict=True):
+        if zero:
+            part.reward, part.turn_returns = 0.0, [0.0] * len(part.turn_rewards)
+            part.turn_rewards = [0.0] * len(part.turn_rewards)
+        elif part.turn_rewards:
+            earned = [float(r) for r in part.turn_rewards]
+            credited = [*earned[:-1], earned[-1] * gamma**later]
+            part.turn_rewards = earned
+            part.reward, part.turn_returns = discounted_returns(credited, gamma)
+    return traj
