@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from areal_agents.config_loader import load_config
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false", "logging.plots=false"]
 _HERE = "tests/examples/test_examples_doc_recipes.py"
+CUSTOM_ENV = ROOT / "examples" / "custom_env"  # the quickstart's package, file for file
 _INSTALL = "install command (the suite runs inside the installed checkout)"
 _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its config is the dataclass defaults"
 
@@ -128,12 +130,12 @@ COMMANDS: dict[str, dict[str, str]] = {
             "tests/examples/test_examples_custom_algorithm.py::test_registration_applies_the_spec_defaults",
     },
     "examples/custom_env/README.md": {
-        "pip install -e examples/custom_env/pkg": "tests/examples/test_examples_custom_env.py::venv_python",
-        "areal-agents list envs": "tests/examples/test_examples_custom_env.py::test_entry_points_register_env_reward_dataset",
-        "areal-agents run --env sort-digits": "tests/examples/test_examples_custom_env.py::test_run_trains_the_plugin_env",
-        "areal-agents run --config examples/custom_env/config.yaml":
-            "tests/examples/test_examples_custom_env.py::test_run_trains_the_plugin_env",
-        "pip uninstall areal-agents-sort-digits": "tests/examples/test_examples_custom_env.py::venv_python",
+        "pip install -e examples/custom_env": f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+        "python -c from areal_agents import check_env, make_env; check_env(make_env('reverse'))":
+            f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+        "areal-agents run --env reverse sft.warm_start_steps=200 trainer.total_steps=40":
+            f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+        "pip uninstall my-envs": "not run: undoes the install (the test's package lives in a throw-away venv)",
     },
     "examples/gsm8k_grpo/README.md": {
         "areal-agents run --config examples/gsm8k_grpo/cpu_smoke.yaml":
@@ -313,15 +315,27 @@ def test_quickstart_smoke_run_writes_the_listed_outputs(tmp_path: Path) -> None:
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())  # ends before one
 
 
+def test_quickstart_package_is_the_custom_env_example() -> None:
+    """The quickstart's blocks are examples/custom_env's files, and both READMEs give the same commands."""
+    doc, readme = "docs/quickstart.md", "examples/custom_env/README.md"
+    assert block(doc, "python", "# my_envs/reverse.py") == (CUSTOM_ENV / "my_envs" / "reverse.py").read_text()
+    assert block(doc, "toml", "# pyproject.toml") == (CUSTOM_ENV / "pyproject.toml").read_text()
+    assert (CUSTOM_ENV / "my_envs" / "__init__.py").read_text() == ""  # "an empty my_envs/__init__.py"
+    assert block(readme, "toml", "[project.entry-points.\"areal_agents.envs\"]") in block(doc, "toml", "# pyproject.toml")
+    for start in ("python -c", "areal-agents run --env reverse"):
+        assert command(readme, start) == command(doc, start)
+    assert command(readme, "pip install -e") == ["pip", "install", "-e", str(CUSTOM_ENV.relative_to(ROOT))]
+    assert command(doc, "pip install -e") == ["pip", "install", "-e", "."]
+    uninstall = command(readme, "pip uninstall")[2:]
+    assert f'name = "{uninstall[0]}"' in (CUSTOM_ENV / "pyproject.toml").read_text().splitlines()  # no tomllib on 3.10
+
+
 @pytest.mark.slow
 def test_quickstart_reverse_package_learns_as_written(tmp_path: Path) -> None:
     doc = "docs/quickstart.md"
-    pkg = tmp_path / "pkg"
-    (pkg / "my_envs").mkdir(parents=True)
-    (pkg / "my_envs" / "__init__.py").write_text("")
-    (pkg / "my_envs" / "reverse.py").write_text(block(doc, "python", "# my_envs/reverse.py"))
-    (pkg / "pyproject.toml").write_text(block(doc, "toml", "# pyproject.toml"))
-    assert command(doc, "pip install -e") == ["pip", "install", "-e", "."]  # what package_env does, from pkg/
+    test_quickstart_package_is_the_custom_env_example()  # the files trained here are the quickstart's blocks
+    pkg = tmp_path / "pkg"  # a copy: the editable install writes its egg-info next to the files
+    shutil.copytree(CUSTOM_ENV, pkg, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
     python = package_env(tmp_path, pkg)
     run_command(command(doc, "python -c"), tmp_path, python=python, cwd=tmp_path)
     probe = ("from areal_agents.registry import datasets; d = datasets.get('reverse'); "
