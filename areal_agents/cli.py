@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from areal_agents._hub import check_hub_model
 from areal_agents._reward_worker import check_not_in_worker
 from areal_agents.config import ConfigError
 from areal_agents.config_loader import config_fields, config_reference, explain_config, load_config, to_yaml
@@ -64,10 +65,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def check_model_dir(path: str | None, key: str) -> None:
-    """A local model path must be a Hugging Face model directory; hub ids pass through."""
+    """A local model path must be a Hugging Face model directory; a Hub id must be in the
+    Hugging Face cache or on a Hub this machine reaches (one request, see ``areal_agents._hub``)."""
     local = os.path.expanduser(path or "")
     if not (os.path.isabs(local) or local.startswith(".") or os.path.exists(local)):
-        return  # None, or a hub id such as Qwen/Qwen2.5-1.5B-Instruct, for a machine that can reach the hub
+        if path:  # a Hub id such as Qwen/Qwen2.5-1.5B-Instruct
+            check_hub_model(path, key)
+        return
     if not os.path.isdir(local):
         raise ConfigError(key, f"no such model directory: {path}")
     if not os.path.isfile(os.path.join(local, "config.json")):
