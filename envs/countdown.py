@@ -9,7 +9,7 @@ import operator
 import random
 from collections import Counter
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 from areal_agents.env import TurnLimitedEnv
 
@@ -66,6 +66,28 @@ def _first_solution(numbers: tuple[int, ...], target: int) -> str | None:
     return None
 
 
+def _tries(numbers: tuple[int, ...]) -> list[tuple[str, Fraction]]:
+    """The expressions a methodical player tries, in order: numbers in ascending permutation
+    order, operators in ``+ - *`` order (as :func:`_first_solution`), skipping any whose value is
+    not positive (targets are) or was already tried. With 2 numbers that is ``a+b``, ``a*b``,
+    ``b-a`` (a <= b): at most 3 tries solve any 2-number puzzle."""
+    seen: set[Fraction] = set()
+    out: list[tuple[str, Fraction]] = []
+    for order in dict.fromkeys(itertools.permutations(sorted(numbers))):
+        for ops in itertools.product("+-*", repeat=len(order) - 1):
+            value = Fraction(_value(order, ops))
+            if value > 0 and value not in seen:
+                seen.add(value)
+                out.append((str(order[0]) + "".join(op + str(x) for op, x in zip(ops, order[1:], strict=True)), value))
+    return out
+
+
+def _miss(value: Fraction, target: int) -> str:
+    """The env's reply to an expression that gives ``value`` (not ``target``)."""
+    shown = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    return f"That gives {shown}, not {target}."
+
+
 def _in_test_split(numbers: list[int], target: int) -> bool:
     key = 0
     for n in sorted(numbers) + [target]:
@@ -115,11 +137,31 @@ def countdown_dataset(
 class CountdownEnv(TurnLimitedEnv):
     """Reply with an expression using each given number at most once; the env says what it gives.
 
+    The default dataset is the 2-number game (numbers 1-20, ``+ - *`` targets), which a player
+    that uses the feedback always wins within 3 tries; ``data.kwargs.count=3`` is the classic one.
+
     Feedback: ``Invalid expression.``, ``Use only 3 5 7, each once.`` or ``That gives 26, not 22.``
     Hitting the target gives reward 1.0; ``max_turns`` tries truncate the episode.
     """
 
     default_dataset = "countdown"
+    # The 2-number game (numbers 1-20): the ~1M-parameter default model cannot search 3-number
+    # expressions (a warm start to 0.6 was still at 0.29 after 130 steps; with 1-5, 0.30 after
+    # 400), but it learns to use the feedback: try a+b, then a*b, then b-a. Pass count=3
+    # (data.kwargs.count=3 / env.kwargs) for the classic game on a larger model.
+    default_dataset_kwargs: ClassVar[dict[str, Any]] = {"count": 2, "high": 20}
+    default_config: ClassVar[dict[str, Any]] = {
+        # 3 tries solve any 2-number puzzle; the warm start plays whole methodical games
+        # (reference_conversation) until 0.6 of its greedy games succeed, checked every 20 steps
+        # (an episode check costs more than a string match; the curve is steep: 0.43 at step 60,
+        # 0.88 at 80, seed 1); only groups whose games scored differently are trained. RL held
+        # 0.84-0.89 from step 25 to 100 (seed 1, 2026-12-04), so 50 steps.
+        "agent": {"max_turns": 4},
+        "sft": {"warm_start_target": 0.6, "warm_start_check_every": 20},
+        "rollout": {"group_filter": "nonzero_std"},
+        "trainer": {"total_steps": 50, "save_every": 25},
+        "eval": {"every": 25},
+    }
     required_fields = ("numbers", "target")
 
     def __init__(self, max_turns: int = 6) -> None:
@@ -140,8 +182,25 @@ class CountdownEnv(TurnLimitedEnv):
             return f"Use only {' '.join(map(str, row['numbers']))}, each once.", 0.0, False, {}
         if value == int(row["target"]):
             return "", 1.0, True, {"success": True}
-        shown = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-        return f"That gives {shown}, not {row['target']}.", 0.0, False, {}
+        return _miss(value, int(row["target"])), 0.0, False, {}
 
     def reference_completion(self, row: dict[str, Any]) -> str | None:
         return str(row["answer"]) if row.get("answer") else None
+
+    def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A methodical game: the expressions of :func:`_tries` in order, each answered by the
+        env's feedback, until one hits the target. When the hit would come after ``max_turns``
+        tries (3 or more numbers), the last try is the puzzle's first solution instead."""
+        numbers, target = tuple(int(x) for x in row["numbers"]), int(row["target"])
+        prompt = str(row.get("prompt") or f"Use {' '.join(map(str, numbers))} to make {target}.")
+        conv: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        for expr, value in _tries(numbers)[: self.max_turns - 1]:
+            conv.append({"role": "assistant", "content": expr})
+            if value == target:
+                return conv
+            conv.append({"role": "user", "content": _miss(value, target)})
+        answer = _first_solution(tuple(sorted(numbers)), target)
+        if answer is None:
+            return None
+        conv.append({"role": "assistant", "content": answer})
+        return conv

@@ -165,6 +165,37 @@ def test_countdown_feedback() -> None:
     assert terminated and reward == 1.0 and info["success"]
 
 
+@pytest.mark.parametrize("kwargs,max_turns", [({"count": 2, "high": 20}, 4), ({"count": 3, "high": 10}, 6)])
+def test_countdown_reference_games_are_won_through_the_env(kwargs: dict[str, int], max_turns: int) -> None:
+    """Every reference game, replayed move by move, gets the env's own feedback and ends in a
+    win within the turn limit; the 2-number game needs no more than the 3 methodical tries."""
+    from envs.countdown import countdown_dataset
+
+    env = make_env("countdown", max_turns=max_turns)
+    longest = 0
+    for row in countdown_dataset("train", size=300, **kwargs):
+        conv = env.reference_conversation(row)
+        assert conv is not None and conv[0] == {"role": "user", "content": row["prompt"]}
+        obs, _ = env.reset(options=dict(row))
+        assert obs == row["prompt"]
+        replies = [m["content"] for m in conv[1::2]]
+        for i, reply in enumerate(replies):
+            obs, reward, terminated, truncated, info = env.step(reply)
+            if i + 1 < len(replies):
+                assert obs == conv[2 * i + 2]["content"] and not terminated and not truncated
+        assert terminated and reward == 1.0 and info["success"], (row, conv)
+        longest = max(longest, len(replies))
+    assert longest <= (3 if kwargs["count"] == 2 else max_turns)
+    assert longest >= 2  # some games do use the feedback
+
+
+def test_countdown_default_is_the_two_number_game() -> None:
+    env = make_env("countdown")
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)  # no row: one of the default dataset's, drawn with the seed
+        assert len(env.row["numbers"]) == 2 and max(env.row["numbers"]) <= 20 and obs == env.row["prompt"]
+
+
 def test_python_tool_runs_code_and_reports_broken_calls() -> None:
     env = make_env("python-tool", max_turns=4, timeout_s=2.0)
     env.reset(options={"prompt": "123*456=?", "answer": "56088"})
