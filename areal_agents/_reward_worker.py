@@ -33,7 +33,7 @@ from typing import Any
 
 from areal_agents.config_loader import import_user_module
 from areal_agents.failures import function_location
-from areal_agents.lifeline import die_with_parent, watch_parent
+from areal_agents.runtime.lifeline import die_with_parent, watch_parent
 
 __all__ = ["Worker", "check_not_in_worker", "main_script_file"]  # what rewards.py and the CLI use
 

@@ -23,7 +23,7 @@ from areal_agents.config_loader import config_fields, config_reference, explain_
 from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError, get_registry, load_object
 from areal_agents.rewards import default_reward_workers
-from areal_agents.stopping import Terminated, stop_on_signals
+from areal_agents.runtime.stopping import Terminated, stop_on_signals
 
 __all__ = ["build_parser", "check_model_dir", "main"]
 
@@ -39,12 +39,12 @@ COMMANDS = {
     "config": "areal_agents.cli:_cmd_config",
 }
 
-_STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.stopping)
+_STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.runtime.stopping)
 
 # Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
 # a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
 _USER_ERRORS = (
-    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError", "areal_agents.failures:EpisodesFailed",
+    "areal_agents.data:DatasetError", "areal_agents.gym.checker:EnvCheckError", "areal_agents.failures:EpisodesFailed",
     "areal_agents.preflight:PreflightError",
     "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
     "areal_agents.inference.launcher:LaunchError",

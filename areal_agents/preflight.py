@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from areal_agents._reward_worker import check_not_in_worker
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
-from areal_agents.env import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
 from areal_agents.failures import blame, describe, failure_cause, function_location
+from areal_agents.gym.checker import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
 from areal_agents.registry import agents, envs
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout.episode import build_agent, env_factory, sampling_params

@@ -67,7 +67,7 @@ def cli_run(args: argparse.Namespace) -> int:
                                          rdzv_endpoint=cfg.trainer.rdzv_endpoint)
         return subprocess.call(command)
     if "WORLD_SIZE" in os.environ:  # a launched rank: ends with its launcher (a Ray actor) when asked to
-        from areal_agents.lifeline import watch_parent_from_env
+        from areal_agents.runtime.lifeline import watch_parent_from_env
 
         watch_parent_from_env()
     run(cfg)

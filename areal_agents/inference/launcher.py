@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.config import ConfigError, check_sglang_version
-from areal_agents.lifeline import die_with_parent
-from areal_agents.stopping import on_hard_exit
+from areal_agents.runtime.lifeline import die_with_parent
+from areal_agents.runtime.stopping import on_hard_exit
 
 __all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
            "inference_servers", "launch_servers", "sglang_command"]  # fmt: skip

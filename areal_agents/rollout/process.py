@@ -32,10 +32,10 @@ from typing import Any
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.config_loader import import_user_module, user_files
-from areal_agents.lifeline import watch_parent
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
 from areal_agents.rollout.interface import Rollout
+from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
 __all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]

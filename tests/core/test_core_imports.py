@@ -28,7 +28,7 @@ SDK_MODULES = [
     "areal_agents.types", "areal_agents.llm", "areal_agents.cli",
 ]
 OPTIONAL_SDK = ["areal_agents.env", "areal_agents.agent", "areal_agents.rewards", "areal_agents.data",
-                "areal_agents.sandbox", "areal_agents.rollout", "areal_agents.inference.client",
+                "areal_agents.tools.sandbox", "areal_agents.rollout", "areal_agents.inference.client",
                 "areal_agents.inference.llm_client", "areal_agents.testing"]
 
 

@@ -16,7 +16,7 @@ import pytest
 from reliability_support import REPO, alive
 
 from areal_agents.inference.tiny_model import build_tiny_model
-from areal_agents.stopping import HARD_EXIT_AFTER
+from areal_agents.runtime.stopping import HARD_EXIT_AFTER
 
 pytestmark = pytest.mark.slow
 
