@@ -34,7 +34,7 @@ from areal_agents.config_loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight
-from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.episode import run_eval
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
@@ -137,19 +137,22 @@ class _Rank0:
     do nothing, so the loop in :func:`run` reads the same on every rank."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
-                 addresses: list[str] | None = None, executor: Rollout | None = None) -> None:
+                 addresses: list[str] | None = None, executor: Rollout | None = None,
+                 eval_rewards: RewardRunner | None = None) -> None:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
-        self.addresses, self.executor = addresses or [], executor
+        self.addresses, self.executor, self.eval_rewards = addresses or [], executor, eval_rewards
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
 
     @classmethod
     def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, model_path: str, tokenizer: Any,
                       display: RunDisplay, logger: MetricsLogger | None) -> _Rank0:
-        """Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor."""
+        """Inference servers (embedded subprocesses, SGLang, or remote), the rollout executor and the
+        evals' reward runner (the executor has its own)."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
         executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
         stack.callback(executor.shutdown)
-        return cls(cfg, tokenizer, display, logger, addresses, executor)
+        eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
+        return cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
 
     def rollout_only(self, run_dir: Path) -> dict[str, Any]:
         """``mode=rollout``: write trajectories, no trainer."""
@@ -187,7 +190,7 @@ class _Rank0:
 
     def eval(self) -> dict[str, Any]:
         return run_eval(self.cfg, self.tokenizer, self.addresses, self.test_rows, self.display.progress,
-                        lora_path=self.cfg.actor.lora.served)
+                        lora_path=self.cfg.actor.lora.served, reward_runner=self.eval_rewards)
 
     def stats(self) -> dict[str, Any]:
         return self.executor.stats() if self.executor is not None else {}
@@ -257,7 +260,6 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = get_algorithm(cfg.algorithm.name)
-    set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
     if cfg.mode == "train":  # trainer-only debug mode

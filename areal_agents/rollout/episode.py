@@ -3,7 +3,8 @@
 ``EpisodeFn`` is ``async episode_fn(row, seed, episode_id) -> Trajectory``. :func:`make_episode_fn`
 builds the usual one (a fresh env, ``agent.run(env, llm)``, env closed, errors to statuses);
 :func:`build_episode_fn` builds it from an :class:`~areal_agents.config.ExperimentConfig` over
-the inference client (shared by the RL loop, rollout-only mode and ``areal-agents eval``);
+the inference client (shared by the RL loop, rollout-only mode and ``areal-agents eval``), whose
+one builder from config is :func:`inference_client`;
 :func:`with_deadline` is the one episode deadline; :func:`evaluate` measures greedy accuracy
 and pass@k. No torch here.
 """
@@ -17,7 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import EpisodesFailed, blame, describe, failure_message
@@ -25,8 +26,13 @@ from areal_agents.registry import agents, envs
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 
+if TYPE_CHECKING:
+    from areal_agents.inference.client import InferenceClient
+    from areal_agents.rewards import RewardRunner
+
 __all__ = ["EpisodeFn", "build_agent", "build_episode_fn", "classify_error", "env_factory", "episode_outcome",
-           "episode_solved", "evaluate", "make_episode_fn", "run_eval", "sampling_params", "with_deadline"]
+           "episode_solved", "evaluate", "inference_client", "make_episode_fn", "run_eval", "sampling_params",
+           "with_deadline"]
 
 log = logging.getLogger("areal_agents.rollout")
 
@@ -168,9 +174,33 @@ def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature:
     return params
 
 
-def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
-    """A zero-argument constructor of the configured env."""
-    return functools.partial(envs.get(cfg.env.name), **cfg.env.kwargs)
+def env_factory(cfg: ExperimentConfig, reward_runner: RewardRunner | None = None) -> Callable[[], Any]:
+    """A zero-argument constructor of the configured env; the env's rewards go to ``reward_runner``
+    (its ``reward_runner`` attribute) when one is given."""
+    factory = envs.get(cfg.env.name)
+    if reward_runner is None:
+        return functools.partial(factory, **cfg.env.kwargs)
+    return functools.partial(_env_with_runner, factory, cfg.env.kwargs, reward_runner)
+
+
+def _env_with_runner(factory: Callable[..., Any], kwargs: dict[str, Any], reward_runner: RewardRunner) -> Any:
+    from areal_agents.env import Env
+
+    env = factory(**kwargs)
+    if isinstance(env, Env):
+        env.reward_runner = reward_runner
+    return env
+
+
+def inference_client(cfg: ExperimentConfig, addresses: list[str], *, lora_path: str | None = None) -> InferenceClient:
+    """The inference client of ``cfg.inference`` (schedule, request timeout and retries, batch window)
+    for ``addresses``, decoding with the loaded adapter ``lora_path`` when given: rollout and
+    evaluation build their clients here."""
+    from areal_agents.inference.client import InferenceClient
+
+    inf = cfg.inference
+    return InferenceClient(addresses, schedule=inf.schedule, timeout=inf.request_timeout, retries=inf.request_retries,
+                           lora_path=lora_path, batch_window=inf.batch_window)
 
 
 def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
@@ -192,16 +222,17 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
 
 
 def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],
-                     episode_timeout: float | None = None) -> EpisodeFn:
+                     episode_timeout: float | None = None, reward_runner: RewardRunner | None = None) -> EpisodeFn:
     """``episode_fn(row, seed, episode_id) -> Trajectory`` over the inference client.
 
     ``episode_timeout`` is for episodes run outside a :class:`~areal_agents.rollout.RolloutExecutor`
-    (which times its episodes out itself).
+    (which times its episodes out itself); the envs' rewards go to ``reward_runner`` (see :func:`env_factory`).
     """
     from areal_agents.llm import ClientLLM
 
     llm_factory = functools.partial(ClientLLM, tokenizer, client, default_sampling=sampling)  # (rid) -> ClientLLM
-    return make_episode_fn(env_factory(cfg), build_agent(cfg, sampling), llm_factory, episode_timeout=episode_timeout)
+    return make_episode_fn(env_factory(cfg, reward_runner), build_agent(cfg, sampling), llm_factory,
+                           episode_timeout=episode_timeout)
 
 
 def episode_solved(traj: Trajectory) -> bool:
@@ -215,15 +246,15 @@ def episode_solved(traj: Trajectory) -> bool:
 
 async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Sequence[dict[str, Any]], *,
                    k: int = 1, temperature: float = 1.0, concurrency: int = 64,
-                   progress: Any = None) -> dict[str, Any]:
-    """Greedy accuracy (and pass@k when ``k > 1``) over ``rows``.
+                   progress: Any = None, reward_runner: RewardRunner | None = None) -> dict[str, Any]:
+    """Greedy accuracy (and pass@k when ``k > 1``) over ``rows`` (the envs' rewards in ``reward_runner``).
 
     An episode counts as solved as :func:`episode_solved` says. When every greedy episode
     failed, raises :class:`~areal_agents.rollout.EpisodesFailed` with the cause.
     """
     timeout = cfg.rollout.episode_timeout
     greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True),
-                                 episode_timeout=timeout)
+                                 episode_timeout=timeout, reward_runner=reward_runner)
     sem = asyncio.Semaphore(concurrency)
     task_id = progress.add_task("eval", total=len(rows) * (1 + (k if k > 1 else 0))) if progress else None
 
@@ -247,7 +278,7 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
     }
     if k > 1:
         sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature),
-                                     episode_timeout=timeout)
+                                     episode_timeout=timeout, reward_runner=reward_runner)
         samples = await asyncio.gather(*(one(sample_fn, row, 1000 * i + j)
                                          for i, row in enumerate(rows) for j in range(k)))
         hits = [any(episode_solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]
@@ -258,18 +289,17 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
 
 
 def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             progress: Any = None, lora_path: str | None = None) -> dict[str, Any]:
-    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (decoding with the
-    loaded adapter ``lora_path`` when given), and its duration (``time/eval_s``, so that
-    training time can be told from eval time)."""
-    from areal_agents.inference.client import InferenceClient
+             progress: Any = None, lora_path: str | None = None, *,
+             reward_runner: RewardRunner | None = None) -> dict[str, Any]:
+    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (:func:`inference_client`,
+    decoding with the loaded adapter ``lora_path`` when given; the envs' rewards in ``reward_runner``),
+    and its duration (``time/eval_s``, so that training time can be told from eval time)."""
 
     async def go() -> dict[str, Any]:
-        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path,
-                                 batch_window=cfg.inference.batch_window)
+        client = inference_client(cfg, addresses, lora_path=lora_path)
         try:
             return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  progress=progress)
+                                  progress=progress, reward_runner=reward_runner)
         finally:
             await client.aclose()
 

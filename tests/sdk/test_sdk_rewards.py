@@ -325,3 +325,26 @@ def test_a_runner_dropped_without_close_leaves_no_worker() -> None:
     del runner, worker
     gc.collect()  # no ResourceWarning for a still-running subprocess (warnings are errors here)
     assert proc.returncode is not None and proc.poll() is not None
+
+
+def test_envs_built_for_a_run_get_their_reward_runner_handed_over() -> None:
+    """``make_env(..., reward_runner=r)`` and the rollout's ``env_factory(cfg, r)`` hand ``r`` to the
+    env: its rewards are counted there, and the process default sees none of them."""
+    from areal_agents.config import ExperimentConfig
+    from areal_agents.gym.registration import make_env
+    from areal_agents.rewards import get_default_runner
+    from areal_agents.rollout.episode import env_factory
+
+    default = get_default_runner()
+    before = dict(default.stats)
+    row = {"prompt": "1+1=", "answer": "2"}
+    with RewardRunner(timeout=5.0, max_workers=1) as runner:
+        cfg = ExperimentConfig()
+        cfg.env.name = "math"
+        for env in (make_env("math", reward_runner=runner), env_factory(cfg, runner)()):
+            assert env.reward_runner is runner
+            env.reset(options=row)
+            assert env.step("\\boxed{2}")[1] == 1.0
+        assert runner.stats["ok"] == 2
+    assert default.stats == before
+    assert env_factory(cfg)().reward_runner is None  # built by hand: the default runner serves it
