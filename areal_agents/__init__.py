@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.registry import (
     Registry,
     register_agent,

@@ -18,7 +18,7 @@ import yaml
 
 from areal_agents._hub import check_hub_model
 from areal_agents.config import ConfigError
-from areal_agents.config_loader import config_fields, config_reference, explain_config, load_config, to_yaml
+from areal_agents.config.loader import config_fields, config_reference, explain_config, load_config, to_yaml
 from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError, get_registry, load_object
 from areal_agents.rewards import default_reward_workers

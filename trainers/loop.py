@@ -30,7 +30,7 @@ import torch
 
 from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import to_yaml
+from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.preflight import preflight

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from areal_agents.config_loader import user_files
+from areal_agents.config.loader import user_files
 from areal_agents.failures import function_location
 from areal_agents.rewards.builtin import RewardFn, resolve_reward
 from areal_agents.rewards.worker import Worker, check_not_in_worker, main_script_file

@@ -32,7 +32,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-from areal_agents.config_loader import import_user_module
+from areal_agents.config.loader import import_user_module
 from areal_agents.failures import function_location
 from areal_agents.runtime.lifeline import die_with_parent, watch_parent
 

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from areal_agents.config import ExperimentConfig
-from areal_agents.config_loader import import_user_module, user_files
+from areal_agents.config.loader import import_user_module, user_files
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
 from areal_agents.rollout.interface import Rollout

@@ -24,7 +24,7 @@ sys.meta_path.insert(0, _NoTorch())
 """
 
 SDK_MODULES = [
-    "areal_agents", "areal_agents.registry", "areal_agents.config", "areal_agents.config_loader",
+    "areal_agents", "areal_agents.registry", "areal_agents.config", "areal_agents.config.loader",
     "areal_agents.types", "areal_agents.llm", "areal_agents.cli",
 ]
 OPTIONAL_SDK = ["areal_agents.env", "areal_agents.agent", "areal_agents.rewards", "areal_agents.data",

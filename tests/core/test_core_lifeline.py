@@ -78,7 +78,7 @@ def test_embedded_command_names_its_launcher() -> None:
 
 
 def test_several_trainer_nodes_need_a_rendezvous() -> None:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     with pytest.raises(ConfigError, match=r"^trainer.rdzv_endpoint: trainer.nnodes=2 needs"):
         load_config(None, ["trainer.nnodes=2"])

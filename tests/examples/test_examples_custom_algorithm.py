@@ -14,7 +14,7 @@ import torch
 from examples_support import ROOT, TINY, metrics_rows, run_command, train_steps
 
 from areal_agents.config import AlgorithmConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.registry import algorithms
 
 

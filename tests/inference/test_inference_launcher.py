@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.inference import control, protocol
 from areal_agents.inference.launcher import (
     LaunchError,

@@ -16,7 +16,7 @@ import pytest
 from openai_support import build_model, load_tokenizer, reforward, served
 
 from areal_agents.config import ExperimentConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from areal_agents.config import ConfigError
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.env import make_env
 from areal_agents.openai_compat.agent import OpenAIAgent
 from areal_agents.openai_compat.session import CallRecord

@@ -11,7 +11,7 @@ from rollout_fault_rewards import string_reward
 
 from areal_agents.agent import Agent, ChatAgent
 from areal_agents.config import RolloutConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.env import Env
 from areal_agents.registry import envs
 from areal_agents.rewards import RewardRunner, default_runner

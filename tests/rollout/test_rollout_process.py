@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from areal_agents.config import ExperimentConfig
-from areal_agents.config_loader import import_user_module
+from areal_agents.config.loader import import_user_module
 from areal_agents.env import TurnLimitedEnv
 from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.inference.tiny_model import build_tiny_model

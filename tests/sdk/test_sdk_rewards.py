@@ -284,7 +284,7 @@ def test_a_hung_reward_times_out_without_stalling_the_others() -> None:
 
 def test_reward_workers_config_reaches_the_runner() -> None:
     from areal_agents.config import ConfigError
-    from areal_agents.config_loader import load_config  # here: reward workers import this module, keep it light
+    from areal_agents.config.loader import load_config  # here: reward workers import this module, keep it light
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert default_reward_workers() == max(1, min(cpus or 1, 8))
@@ -298,7 +298,7 @@ def test_reward_workers_config_reaches_the_runner() -> None:
 
 
 def test_a_reward_in_a_file_from_imports_runs_in_the_workers(tmp_path) -> None:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
     from areal_agents.registry import rewards as registry
 
     path = tmp_path / "file_reward_for_workers.py"  # a directory no worker has on sys.path

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from areal_agents import ChatAgent, make_env
-from areal_agents.config_loader import explain_config, load_config
+from areal_agents.config.loader import explain_config, load_config
 from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.llm import Generation
 from areal_agents.openai_compat.client import EpisodeClient
