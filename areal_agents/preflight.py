@@ -3,7 +3,7 @@
 ``areal-agents run`` calls :func:`preflight` first. On one row of the training data it builds
 the env, resets and steps it with the env's reference completion (which calls its reward),
 runs :func:`~areal_agents.env.check_env`, then builds the agent and plays one episode against a
-:class:`~areal_agents.testing.ScriptedLLM` (a scripted model with a character tokenizer: the
+:class:`~areal_agents.llm.scripted.ScriptedLLM` (a scripted model with a character tokenizer: the
 agent's code runs, no model does). A failure is a :class:`PreflightError` whose one-line
 message names the component, the cause and the line of the user's code, e.g.
 ``reward 'exact' returned str '0.0', not a number (my_rewards.py:12)``; the original exception
@@ -22,11 +22,11 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
 from areal_agents.failures import blame, describe, failure_cause, function_location
 from areal_agents.gym.checker import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.registry import agents, envs
 from areal_agents.rewards import RewardRunner
 from areal_agents.rewards.worker import check_not_in_worker
 from areal_agents.rollout.episode import build_agent, env_factory, sampling_params
-from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 
 __all__ = ["PreflightError", "preflight"]

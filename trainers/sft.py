@@ -225,7 +225,7 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
     """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion (a
     :class:`Trajectory` of the whole episode for rows with a reference conversation), and the
     rendered prompt ids of every row (chat template with the generation prompt)."""
-    from areal_agents.reference import reference_trajectory
+    from areal_agents.llm.reference import reference_trajectory
 
     prompts: list[list[int]] = []
     examples: list[Any] = []
