@@ -34,7 +34,7 @@ COMMANDS = {
     "sft": "trainers.sft:cli_sft",
     "eval": "trainers.evaluate:cli_eval",
     "serve": "areal_agents.cli:cli_serve",
-    "plot": "areal_agents.plotting:cli_plot",
+    "plot": "trainers.plotting:cli_plot",
     "list": "areal_agents.cli:_cmd_list",
     "config": "areal_agents.cli:_cmd_config",
 }

@@ -207,7 +207,7 @@ class _Rank0:
             return summary
         self.logger.close()
         if plots and self.cfg.logging.plots:
-            from areal_agents.plotting import plot_run
+            from trainers.plotting import plot_run
 
             summary["plots"] = [str(p) for p in plot_run(summary["run_dir"])]
         self.display.summary(summary)

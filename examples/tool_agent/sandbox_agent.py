@@ -183,8 +183,8 @@ def warm_start(cfg: Any, *, progress: bool = True) -> Path:
 
     from areal_agents.data import load_dataset_rows
     from areal_agents.env import make_env
-    from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
     from trainers.sft import sft_train
+    from trainers.tiny_model import cache_dir, ensure_tiny_model
 
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     agent = SandboxToolAgent(system_prompt=cfg.agent.system_prompt, **cfg.agent.kwargs)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 # A reward the untrained model meets on some rows and not on others, so the accuracy is a
 # figure the test can recompute (an untrained model never gets a sum right: 0 either way).

@@ -20,7 +20,7 @@ import torch
 
 from areal_agents.config.loader import load_config
 from areal_agents.inference.launcher import launch_servers
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

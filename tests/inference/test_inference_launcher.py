@@ -131,7 +131,7 @@ def test_serve_command_line(tmp_path: Path) -> None:
 
     from inference_support import corpus
 
-    from areal_agents.inference.tiny_model import build_tiny_model
+    from trainers.tiny_model import build_tiny_model
 
     no_model = subprocess.run([sys.executable, "-m", "areal_agents.cli", "serve", "--model", str(tmp_path)],
                               capture_output=True, text=True, timeout=120)  # fmt: skip

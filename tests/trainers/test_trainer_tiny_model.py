@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_agents.inference.tiny_model import (
+from trainers.tiny_model import (
     EOS_TOKEN,
     build_tiny_model,
     ensure_tiny_model,
