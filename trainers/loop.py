@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from algorithms.specs import AlgorithmSpec, get_algorithm
+from areal_agents.cli.preflight import preflight
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
-from areal_agents.preflight import preflight
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.episode import run_eval
