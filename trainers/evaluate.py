@@ -15,7 +15,7 @@ from rich.table import Table
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
 from areal_agents.rewards import RewardRunner
-from areal_agents.rollout.episode import run_eval
+from areal_agents.rollout.evaluation import run_eval
 
 __all__ = ["cli_eval", "evaluate_model"]
 

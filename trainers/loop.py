@@ -36,7 +36,7 @@ from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
-from areal_agents.rollout.episode import run_eval
+from areal_agents.rollout.evaluation import run_eval
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist

@@ -5,7 +5,7 @@ episode right and still never finish one. So for an env of more than one turn th
 (:func:`trainers.sft.ensure_warm_model`) measures what the run's eval measures. The weights
 being trained are exported to disk and loaded by an embedded server of the check's own
 (``/update_weights_from_disk``, as the RL loop syncs), and
-:func:`~areal_agents.rollout.episode.evaluate` plays the check rows with the configured agent,
+:func:`~areal_agents.rollout.evaluation.evaluate` plays the check rows with the configured agent,
 env and greedy sampling, counting successes by the same rule
 (:func:`~areal_agents.rollout.episode.episode_solved`).
 """
@@ -49,7 +49,7 @@ def episode_check(cfg: ExperimentConfig, model_dir: str | Path, tokenizer: Any, 
     from areal_agents.inference.control import update_weights_from_disk
     from areal_agents.inference.launcher import launch_servers
     from areal_agents.rewards import RewardRunner
-    from areal_agents.rollout.episode import run_eval
+    from areal_agents.rollout.evaluation import run_eval
 
     work = Path(work_dir)
     main = not tdist.is_initialized() or tdist.get_rank() == 0

@@ -26,7 +26,7 @@ from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.registry import agents, envs
 from areal_agents.rewards import RewardRunner
 from areal_agents.rewards.worker import check_not_in_worker
-from areal_agents.rollout.episode import build_agent, env_factory, sampling_params
+from areal_agents.rollout.wiring import build_agent, env_factory, sampling_params
 from areal_agents.types import Trajectory
 
 __all__ = ["PreflightError", "preflight"]

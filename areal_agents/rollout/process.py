@@ -54,7 +54,7 @@ def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
     its own (``rollout.reward_*``). The client and the runner close with the executor."""
     from areal_agents.data import load_dataset_rows
     from areal_agents.rewards import RewardRunner
-    from areal_agents.rollout.episode import build_episode_fn, inference_client, sampling_params
+    from areal_agents.rollout.wiring import build_episode_fn, inference_client, sampling_params
 
     if tokenizer is None:
         from transformers import AutoTokenizer

@@ -20,7 +20,7 @@ from areal_agents.config.loader import load_config
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup
-from areal_agents.rollout.episode import build_episode_fn, sampling_params
+from areal_agents.rollout.wiring import build_episode_fn, sampling_params
 from areal_agents.types import Trajectory
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -16,8 +16,8 @@ from areal_agents.env import make_env
 from areal_agents.openai_compat.agent import OpenAIAgent
 from areal_agents.openai_compat.session import CallRecord
 from areal_agents.openai_compat.trajectories import assemble
-from areal_agents.rollout.episode import build_agent
 from areal_agents.rollout.returns import settle_returns
+from areal_agents.rollout.wiring import build_agent
 from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 

@@ -16,7 +16,7 @@ from areal_agents.env import Env
 from areal_agents.registry import envs
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import EpisodesFailed, RolloutExecutor, make_episode_fn
-from areal_agents.rollout.episode import evaluate
+from areal_agents.rollout.evaluation import evaluate
 from areal_agents.testing import CharTokenizer, ScriptedLLM
 
 ROWS = [{"prompt": f"say {i}", "answer": str(i)} for i in range(4)]

@@ -333,7 +333,7 @@ def test_envs_built_for_a_run_get_their_reward_runner_handed_over() -> None:
     from areal_agents.config import ExperimentConfig
     from areal_agents.gym.registration import make_env
     from areal_agents.rewards import get_default_runner
-    from areal_agents.rollout.episode import env_factory
+    from areal_agents.rollout.wiring import env_factory
 
     default = get_default_runner()
     before = dict(default.stats)
