@@ -348,3 +348,22 @@ def test_envs_built_for_a_run_get_their_reward_runner_handed_over() -> None:
         assert runner.stats["ok"] == 2
     assert default.stats == before
     assert env_factory(cfg)().reward_runner is None  # built by hand: the default runner serves it
+
+
+def test_no_production_code_sets_the_process_wide_runner() -> None:
+    """Runs hand their runners to the envs they build: nothing in the four packages replaces the
+    process-wide default (``set_default_runner`` / ``default_runner``), which only hand-built envs use."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    setters = {"set_default_runner", "default_runner"}
+    calls = []
+    for pkg in ("areal_agents", "trainers", "algorithms", "envs"):
+        for path in (root / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call):
+                    name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                    if name in setters and path.relative_to(root).as_posix() != "areal_agents/rewards/runner.py":
+                        calls.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert calls == []
