@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.registry import (
     Registry,
     register_agent,
@@ -24,15 +24,17 @@ from areal_agents.types import Trajectory
 __version__ = "0.1.0"
 
 _LAZY = {
-    **dict.fromkeys(("Env", "check_env", "make_env"), "areal_agents.env"),
+    "Env": "areal_agents.env",
+    "check_env": "areal_agents.gym.checker",
+    **dict.fromkeys(("make_env", "register_gymnasium_envs"), "areal_agents.gym.registration"),
     **dict.fromkeys(("Agent", "ChatAgent", "checked_step"), "areal_agents.agent"),
-    "register_gymnasium_envs": "areal_agents.gym_registration",
 }
 
 if TYPE_CHECKING:
     from areal_agents.agent import Agent, ChatAgent, checked_step
-    from areal_agents.env import Env, check_env, make_env
-    from areal_agents.gym_registration import register_gymnasium_envs
+    from areal_agents.env import Env
+    from areal_agents.gym.checker import check_env
+    from areal_agents.gym.registration import make_env, register_gymnasium_envs
 
 __all__ = [
     "Agent",

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from areal_agents.openai_compat.tools import parse_tool_calls
+from areal_agents.tools.calls import parse_tool_calls
 from areal_agents.types import Trajectory, check_turn_discount
 
 if TYPE_CHECKING:

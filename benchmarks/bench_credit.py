@@ -56,7 +56,7 @@ def _env() -> dict[str, str]:
 
 
 def _config(env_name: str, overrides: Sequence[str]) -> Any:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     return load_config(overrides=[f"env.name={env_name}", *BASE, *overrides])
 

@@ -101,7 +101,7 @@ def main() -> None:
     from areal_agents.config import ExperimentConfig
     from areal_agents.inference.control import server_info
     from areal_agents.inference.launcher import launch_servers
-    from areal_agents.inference.tiny_model import build_tiny_model
+    from trainers.tiny_model import build_tiny_model
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

@@ -48,7 +48,7 @@ COUNTS = ("samples", "generated", "signal")  # trained, generated, with a learni
 
 
 def _config(seed: int) -> Any:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     return load_config(overrides=["env.name=math", f"seed={seed}"])
 

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from areal_agents.inference.tiny_model import build_tiny_model
+    from trainers.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         texts = [f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n" for a in range(50) for b in range(20)]

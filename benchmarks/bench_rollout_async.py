@@ -172,7 +172,7 @@ def embedded_server(max_batch: int) -> Iterator[str]:
     """The tiny model on a real embedded server subprocess (built into a temp dir)."""
     from areal_agents.config import ExperimentConfig
     from areal_agents.inference.launcher import launch_servers
-    from areal_agents.inference.tiny_model import build_tiny_model
+    from trainers.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         texts = [f"What is {a} + {b}? {a + b}" for a in range(30) for b in range(30)]

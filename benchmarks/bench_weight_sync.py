@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     from areal_agents.config import ExperimentConfig
     from areal_agents.inference import control
     from areal_agents.inference.launcher import launch_servers
-    from areal_agents.inference.tiny_model import build_tiny_model
     from trainers.engine import TrainEngine
+    from trainers.tiny_model import build_tiny_model
     from trainers.weight_sync import DiskWeightSync, DistributedWeightSync
 
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import re
 from typing import Any, ClassVar
 
 from areal_agents.env import TurnLimitedEnv
-from areal_agents.sandbox import run_python
+from areal_agents.tools.sandbox import run_python
 
 __all__ = ["PythonToolEnv"]
 
@@ -15,7 +15,7 @@ _CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 
 class PythonToolEnv(TurnLimitedEnv):
     """Tool use: a reply containing ``<python>code</python>`` runs the code in the sandbox
-    (:func:`areal_agents.sandbox.run_python`) and the observation is ``<output>...</output>``;
+    (:func:`areal_agents.tools.sandbox.run_python`) and the observation is ``<output>...</output>``;
     a reply without a tool call is the final answer, scored by ``reward`` (default ``math``).
 
     A ``<python>`` without ``</python>`` gets ``Tool error: close the code with </python>.``;

@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from areal_agents.env import Observation, TurnLimitedEnv
-from areal_agents.openai_compat.tools import parse_tool_calls
+from areal_agents.tools.calls import parse_tool_calls
 
 __all__ = ["CONVERT", "UNITS", "UnitConvertEnv", "convert", "run_tool", "unit_convert_agent", "unit_convert_dataset"]
 

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from areal_agents.failures import message_line
-from areal_agents.stopping import interrupt
+from areal_agents.runtime.stopping import interrupt
 from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
@@ -234,7 +234,7 @@ class Checkpointer:
         way out a checkpoint of ``state_fn() = (engine, step, version, rollout_state)`` is
         saved if a SIGTERM came. In a phase marked :meth:`interruptible` (an eval, the wait for a
         batch: nothing to finish, and they may wait long) SIGTERM interrupts it at once
-        (:func:`areal_agents.stopping.interrupt`). A second SIGTERM terminates at once.
+        (:func:`areal_agents.runtime.stopping.interrupt`). A second SIGTERM terminates at once.
         """
         def handler(signum: int, frame: Any) -> None:
             if self._stop:

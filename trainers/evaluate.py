@@ -14,8 +14,8 @@ from rich.table import Table
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
-from areal_agents.rewards import RewardRunner, set_default_runner
-from areal_agents.rollout.episode import run_eval
+from areal_agents.rewards import RewardRunner
+from areal_agents.rollout.evaluation import run_eval
 
 __all__ = ["cli_eval", "evaluate_model"]
 
@@ -31,11 +31,10 @@ def evaluate_model(cfg: ExperimentConfig, model_path: str, *, progress: bool = T
     rows = load_dataset_rows(cfg, "test")[: cfg.eval.n]
     if not rows:
         raise ValueError(f"env {cfg.env.name!r}: the test split is empty (data.test_size={cfg.data.test_size})")
-    set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     t0 = time.monotonic()
     with inference_servers(cfg, model_path, log_dir=Path(cfg.run_dir) / "logs") as addresses, \
-            Progress(disable=not progress) as bar:
-        report = run_eval(cfg, tokenizer, addresses, rows, bar)
+            RewardRunner.for_rollout(cfg.rollout) as rewards, Progress(disable=not progress) as bar:
+        report = run_eval(cfg, tokenizer, addresses, rows, bar, reward_runner=rewards)
     report.update({"env": cfg.env.name, "model": model_path, "k": cfg.eval.k, "seconds": round(time.monotonic() - t0, 1)})
     return report
 

@@ -29,14 +29,14 @@ import numpy as np
 import torch
 
 from algorithms.specs import AlgorithmSpec, get_algorithm
+from areal_agents.cli.preflight import preflight
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import to_yaml
+from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
-from areal_agents.preflight import preflight
-from areal_agents.rewards import RewardRunner, set_default_runner
+from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
-from areal_agents.rollout.episode import run_eval
+from areal_agents.rollout.evaluation import run_eval
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
@@ -67,7 +67,7 @@ def cli_run(args: argparse.Namespace) -> int:
                                          rdzv_endpoint=cfg.trainer.rdzv_endpoint)
         return subprocess.call(command)
     if "WORLD_SIZE" in os.environ:  # a launched rank: ends with its launcher (a Ray actor) when asked to
-        from areal_agents.lifeline import watch_parent_from_env
+        from areal_agents.runtime.lifeline import watch_parent_from_env
 
         watch_parent_from_env()
     run(cfg)
@@ -137,19 +137,22 @@ class _Rank0:
     do nothing, so the loop in :func:`run` reads the same on every rank."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
-                 addresses: list[str] | None = None, executor: Rollout | None = None) -> None:
+                 addresses: list[str] | None = None, executor: Rollout | None = None,
+                 eval_rewards: RewardRunner | None = None) -> None:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
-        self.addresses, self.executor = addresses or [], executor
+        self.addresses, self.executor, self.eval_rewards = addresses or [], executor, eval_rewards
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
 
     @classmethod
     def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, model_path: str, tokenizer: Any,
                       display: RunDisplay, logger: MetricsLogger | None) -> _Rank0:
-        """Inference servers (embedded subprocesses, SGLang, or remote) and the rollout executor."""
+        """Inference servers (embedded subprocesses, SGLang, or remote), the rollout executor and the
+        evals' reward runner (the executor has its own)."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
         executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
         stack.callback(executor.shutdown)
-        return cls(cfg, tokenizer, display, logger, addresses, executor)
+        eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
+        return cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
 
     def rollout_only(self, run_dir: Path) -> dict[str, Any]:
         """``mode=rollout``: write trajectories, no trainer."""
@@ -187,7 +190,7 @@ class _Rank0:
 
     def eval(self) -> dict[str, Any]:
         return run_eval(self.cfg, self.tokenizer, self.addresses, self.test_rows, self.display.progress,
-                        lora_path=self.cfg.actor.lora.served)
+                        lora_path=self.cfg.actor.lora.served, reward_runner=self.eval_rewards)
 
     def stats(self) -> dict[str, Any]:
         return self.executor.stats() if self.executor is not None else {}
@@ -204,7 +207,7 @@ class _Rank0:
             return summary
         self.logger.close()
         if plots and self.cfg.logging.plots:
-            from areal_agents.plotting import plot_run
+            from trainers.plotting import plot_run
 
             summary["plots"] = [str(p) for p in plot_run(summary["run_dir"])]
         self.display.summary(summary)
@@ -257,7 +260,6 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     spec = get_algorithm(cfg.algorithm.name)
-    set_default_runner(RewardRunner.for_rollout(cfg.rollout))
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
     if cfg.mode == "train":  # trainer-only debug mode

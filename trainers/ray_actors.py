@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.inference.launcher import ServerGroup, free_port, launch_servers
-from areal_agents.lifeline import PARENT_PID_ENV
+from areal_agents.runtime.lifeline import PARENT_PID_ENV
 
 __all__ = ["RankActor", "ServerActor", "missing_paths", "node_info"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import to_yaml
+from areal_agents.config.loader import to_yaml
 from areal_agents.failures import message_line
 from areal_agents.inference.launcher import LaunchError
 from trainers.ray_actors import RankActor, ServerActor

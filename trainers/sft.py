@@ -1,7 +1,7 @@
 """Supervised fine-tuning (loss on completion tokens only) and the warm start of the tiny default model.
 
 ``ensure_warm_model(cfg)`` is what ``areal-agents run`` calls without ``actor.path``: it builds
-the tiny model for the env's text (:mod:`areal_agents.inference.tiny_model`), renders each
+the tiny model for the env's text (:mod:`trainers.tiny_model`), renders each
 training row as ``chat_template([user: prompt], add_generation_prompt) + reference + eos`` (or,
 for an env with ``reference_conversation``, the whole conversation with the env's ``tools``,
 only the assistant turns trained), fine-tunes on that, and caches the result under a hash of
@@ -225,7 +225,7 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
     """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion (a
     :class:`Trajectory` of the whole episode for rows with a reference conversation), and the
     rendered prompt ids of every row (chat template with the generation prompt)."""
-    from areal_agents.reference import reference_trajectory
+    from areal_agents.llm.reference import reference_trajectory
 
     prompts: list[list[int]] = []
     examples: list[Any] = []
@@ -261,7 +261,7 @@ def _corpus_text(env: Any, row: dict[str, Any]) -> str:
         return str(row["prompt"]) + " " + str(env.reference_completion(row) or "")
     import jinja2.sandbox
 
-    from areal_agents.inference.tiny_model import CHAT_TEMPLATE
+    from trainers.tiny_model import CHAT_TEMPLATE
 
     jinja = jinja2.sandbox.ImmutableSandboxedEnvironment()
     jinja.filters["tojson"] = json.dumps
@@ -299,7 +299,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
 
     from areal_agents.data import load_dataset_rows
     from areal_agents.env import make_env
-    from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
+    from trainers.tiny_model import cache_dir, ensure_tiny_model
 
     stop_at = (cfg.sft.warm_start_target or None) if warm_start else None
     cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()))  # the base is trained whole

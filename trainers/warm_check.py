@@ -5,7 +5,7 @@ episode right and still never finish one. So for an env of more than one turn th
 (:func:`trainers.sft.ensure_warm_model`) measures what the run's eval measures. The weights
 being trained are exported to disk and loaded by an embedded server of the check's own
 (``/update_weights_from_disk``, as the RL loop syncs), and
-:func:`~areal_agents.rollout.episode.evaluate` plays the check rows with the configured agent,
+:func:`~areal_agents.rollout.evaluation.evaluate` plays the check rows with the configured agent,
 env and greedy sampling, counting successes by the same rule
 (:func:`~areal_agents.rollout.episode.episode_solved`).
 """
@@ -48,8 +48,8 @@ def episode_check(cfg: ExperimentConfig, model_dir: str | Path, tokenizer: Any, 
     """
     from areal_agents.inference.control import update_weights_from_disk
     from areal_agents.inference.launcher import launch_servers
-    from areal_agents.rewards import RewardRunner, default_runner
-    from areal_agents.rollout.episode import run_eval
+    from areal_agents.rewards import RewardRunner
+    from areal_agents.rollout.evaluation import run_eval
 
     work = Path(work_dir)
     main = not tdist.is_initialized() or tdist.get_rank() == 0
@@ -57,10 +57,11 @@ def episode_check(cfg: ExperimentConfig, model_dir: str | Path, tokenizer: Any, 
     version = 0
     with contextlib.ExitStack() as stack:
         addresses: list[str] = []
+        rewards: RewardRunner | None = None
         if main:
             stack.callback(shutil.rmtree, work, ignore_errors=True)
             addresses = stack.enter_context(launch_servers(served, model_dir, 1, log_dir=work / "logs")).addresses
-            stack.enter_context(default_runner(RewardRunner.for_rollout(cfg.rollout)))
+            rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
 
         def check(engine: TrainEngine) -> dict[str, float]:
             nonlocal version
@@ -70,7 +71,7 @@ def episode_check(cfg: ExperimentConfig, model_dir: str | Path, tokenizer: Any, 
             if main:
                 update_weights_from_disk(addresses, str(path), version)
                 shutil.rmtree(path, ignore_errors=True)  # the server has read it
-                result[0] = float(run_eval(served, tokenizer, addresses, list(rows))["eval/accuracy"])
+                result[0] = float(run_eval(served, tokenizer, addresses, list(rows), reward_runner=rewards)["eval/accuracy"])
             if tdist.is_initialized() and tdist.get_world_size() > 1:
                 tdist.broadcast_object_list(result, src=0)
             return {"acc": result[0]}

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_agents.config import ConfigError, check_sglang_version
-from areal_agents.lifeline import die_with_parent
-from areal_agents.stopping import on_hard_exit
+from areal_agents.config import ConfigError
+from areal_agents.inference.sglang_version import sglang_version_problem
+from areal_agents.runtime.lifeline import die_with_parent
+from areal_agents.runtime.stopping import on_hard_exit
 
 __all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
            "inference_servers", "launch_servers", "sglang_command"]  # fmt: skip
@@ -51,7 +52,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_sglang() -> None:
     """Raise :class:`ConfigError` unless sglang >= 0.4.9.post2 is installed."""
-    check_sglang_version("inference.backend")
+    if (problem := sglang_version_problem()) is not None:
+        raise ConfigError("inference.backend", problem)
 
 
 def sglang_command(cfg: Any, model_path: str | os.PathLike[str], port: int, server_index: int = 0) -> list[str]:

@@ -411,7 +411,7 @@ def cli_serve(args: argparse.Namespace) -> int:
         print(f"error: --model {path}: no config.json there (not a Hugging Face model dir)", file=sys.stderr)
         return 2
     if getattr(args, "parent_pid", None) is not None:
-        from areal_agents.lifeline import watch_parent
+        from areal_agents.runtime.lifeline import watch_parent
 
         watch_parent(args.parent_pid)
     model, tokenizer = load_model(path, args.device)

@@ -6,8 +6,6 @@ calls are rendered with the model's chat template, generated through the
 out), parsed back into OpenAI replies, and recorded token for token. Modules:
 
 * :mod:`.schema` — request checking (:class:`ChatRequest`, :class:`APIError`);
-* :mod:`.tools` — tool-call parsing in the ``<tool_call>{...}</tool_call>`` format;
-* :mod:`.ids` — completion and tool-call ids, episode keys (no system call each);
 * :mod:`.session` — one episode's completions: chains of calls, recording, replies;
 * :mod:`.trajectories` — recorded calls to trajectories (``concat`` / ``individual``, the turn discount);
 * :mod:`.client` — the in-process ``AsyncOpenAI`` stand-in bound to an episode;

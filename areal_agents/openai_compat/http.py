@@ -24,12 +24,12 @@ from aiohttp import web
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.protocol import InferenceError
 from areal_agents.llm import Generation, Tokenizer
-from areal_agents.openai_compat.ids import new_key
 from areal_agents.openai_compat.messages import MESSAGES
 from areal_agents.openai_compat.responses import RESPONSES
 from areal_agents.openai_compat.routes import translated
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
+from areal_agents.runtime.ids import new_key
 
 __all__ = ["Endpoint", "MODEL_NAME", "ROUTES", "add_routes", "add_serve_routes"]
 

@@ -4,7 +4,7 @@ Starting an HTTP server per episode cost more than the episode's own work; inste
 episodes of a rollout (one event loop per process: the executor's, or the one an eval runs
 on) share :func:`loop_endpoint`, each under its own key (in the URL path and as the API key).
 The server starts when an agent first asks for its URL and stops when its loop shuts down
-(``asyncio.run`` and :class:`~areal_agents.loop_thread.LoopThread` finalize async generators
+(``asyncio.run`` and :class:`~areal_agents.runtime.loop_thread.LoopThread` finalize async generators
 on the way out, and this module keeps one open for that) or when :func:`close_loop_endpoint`
 is awaited. On the way out it also lets the HTTP clients agents left unclosed close on that
 loop, so that they do not fail later on a closed one (``Event loop is closed``).

@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from areal_agents.openai_compat.ids import new_id
 from areal_agents.openai_compat.routes import API, Event, joined_text
 from areal_agents.openai_compat.routes import bad as _bad
 from areal_agents.openai_compat.schema import APIError
+from areal_agents.runtime.ids import new_id
 
 __all__ = ["RESPONSES", "error_body", "events", "reply", "to_chat"]
 

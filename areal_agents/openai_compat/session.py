@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_agents.llm import LLM, Generation, Tokenizer, memo, tokenizer_cache
-from areal_agents.openai_compat.ids import new_id
+from areal_agents.llm.reference import assistant_text
 from areal_agents.openai_compat.schema import APIError, ChatRequest, sampling_params
-from areal_agents.openai_compat.tools import parse_tool_calls
-from areal_agents.reference import assistant_text
+from areal_agents.runtime.ids import new_id
+from areal_agents.tools.calls import parse_tool_calls
 
 __all__ = ["CallRecord", "ChatSession", "GenerateFn", "completion_chunks"]
 

@@ -6,7 +6,10 @@
 - :mod:`~areal_agents.rollout.staleness` — the capacity/staleness rule it launches by;
 - :mod:`~areal_agents.rollout.groups` — dataset feeding, episode groups, filters and counters;
 - :mod:`~areal_agents.rollout.episode` — one episode: ``EpisodeFn``, :func:`make_episode_fn`,
-  its deadline, its outcome, and its wiring from config (plus evaluation);
+  its deadline, its outcome;
+- :mod:`~areal_agents.rollout.wiring` — an episode's pieces built from config (env, agent, sampling, the
+  inference client, the run's reward runner handed to the envs);
+- :mod:`~areal_agents.rollout.evaluation` — greedy accuracy and pass@k;
 - :mod:`~areal_agents.rollout.returns` — :func:`settle_returns`, the one owner of the return.
 """
 

@@ -1,32 +1,38 @@
-"""One episode: the episode function, its deadline, its outcome, and its wiring from config.
+"""One episode: the episode function, its deadline and its outcome.
 
 ``EpisodeFn`` is ``async episode_fn(row, seed, episode_id) -> Trajectory``. :func:`make_episode_fn`
 builds the usual one (a fresh env, ``agent.run(env, llm)``, env closed, errors to statuses);
-:func:`build_episode_fn` builds it from an :class:`~areal_agents.config.ExperimentConfig` over
-the inference client (shared by the RL loop, rollout-only mode and ``areal-agents eval``);
-:func:`with_deadline` is the one episode deadline; :func:`evaluate` measures greedy accuracy
-and pass@k. No torch here.
+:func:`with_deadline` is the one episode deadline; :func:`episode_outcome` turns a finished (or
+cancelled) episode into its trajectory, returns settled; :func:`episode_solved` says whether it
+counts as solved. Built from config in :mod:`areal_agents.rollout.wiring`; evaluated in
+:mod:`areal_agents.rollout.evaluation`. No torch here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
+import importlib
 import logging
-import time
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.failures import EpisodesFailed, blame, describe, failure_message
-from areal_agents.registry import agents, envs
+from areal_agents.failures import blame, describe
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 
-__all__ = ["EpisodeFn", "build_agent", "build_episode_fn", "classify_error", "env_factory", "episode_outcome",
-           "episode_solved", "evaluate", "make_episode_fn", "run_eval", "sampling_params", "with_deadline"]
+__all__ = ["EpisodeFn", "classify_error", "episode_outcome", "episode_solved", "make_episode_fn", "with_deadline"]
+
+# Kept importable from here (their former home); they import this module.
+_ELSEWHERE = {**dict.fromkeys(("build_agent", "build_episode_fn", "env_factory", "inference_client", "sampling_params"),
+                              "areal_agents.rollout.wiring"),
+              **dict.fromkeys(("evaluate", "run_eval"), "areal_agents.rollout.evaluation")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ELSEWHERE:
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    raise AttributeError(f"module 'areal_agents.rollout.episode' has no attribute {name!r}")
+
 
 log = logging.getLogger("areal_agents.rollout")
 
@@ -155,55 +161,6 @@ def make_episode_fn(
     return episode_fn
 
 
-def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature: float | None = None) -> dict[str, Any]:
-    """SGLang ``sampling_params`` for one LLM turn."""
-    s = cfg.sampling
-    params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens,
-                              "temperature": s.temperature if temperature is None else temperature,
-                              "top_p": s.top_p, "top_k": s.top_k}
-    if s.stop:
-        params["stop"] = list(s.stop)
-    if greedy:
-        params.update(temperature=0.0, top_p=1.0, top_k=-1)
-    return params
-
-
-def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
-    """A zero-argument constructor of the configured env."""
-    return functools.partial(envs.get(cfg.env.name), **cfg.env.kwargs)
-
-
-def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
-    """The configured agent; the built-in ``ChatAgent`` gets the ``agent.*`` fields, an OpenAI-style
-    agent (``async def agent(client, row)``, :mod:`areal_agents.openai_compat.agent`) is wrapped."""
-    agent_cls = agents.get(cfg.agent.name)
-    from areal_agents.openai_compat.agent import OpenAIAgent, is_openai_agent
-
-    if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
-        fn: Any = agent_cls(**cfg.agent.kwargs) if inspect.isclass(agent_cls) else agent_cls  # a class: with kwargs
-        return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling,
-                           trajectory_mode=cfg.agent.trajectory_mode)
-    if cfg.agent.trajectory_mode is not None:
-        raise ConfigError("agent.trajectory_mode", f"applies to OpenAI-style agents (async def agent(client, row)); "
-                                                   f"{cfg.agent.name!r} is not one")
-    return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
-                        "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,
-                        "sampling": sampling, **cfg.agent.kwargs})
-
-
-def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],
-                     episode_timeout: float | None = None) -> EpisodeFn:
-    """``episode_fn(row, seed, episode_id) -> Trajectory`` over the inference client.
-
-    ``episode_timeout`` is for episodes run outside a :class:`~areal_agents.rollout.RolloutExecutor`
-    (which times its episodes out itself).
-    """
-    from areal_agents.llm import ClientLLM
-
-    llm_factory = functools.partial(ClientLLM, tokenizer, client, default_sampling=sampling)  # (rid) -> ClientLLM
-    return make_episode_fn(env_factory(cfg), build_agent(cfg, sampling), llm_factory, episode_timeout=episode_timeout)
-
-
 def episode_solved(traj: Trajectory) -> bool:
     """Whether an episode counts as solved: it finished (``status == "ok"``) and its final
     ``info["success"]`` is true, or, when the env reported none, its return is positive."""
@@ -211,69 +168,3 @@ def episode_solved(traj: Trajectory) -> bool:
         return False
     success = traj.info.get("success")
     return bool(success) if success is not None else traj.reward > 0
-
-
-async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Sequence[dict[str, Any]], *,
-                   k: int = 1, temperature: float = 1.0, concurrency: int = 64,
-                   progress: Any = None) -> dict[str, Any]:
-    """Greedy accuracy (and pass@k when ``k > 1``) over ``rows``.
-
-    An episode counts as solved as :func:`episode_solved` says. When every greedy episode
-    failed, raises :class:`~areal_agents.rollout.EpisodesFailed` with the cause.
-    """
-    timeout = cfg.rollout.episode_timeout
-    greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True),
-                                 episode_timeout=timeout)
-    sem = asyncio.Semaphore(concurrency)
-    task_id = progress.add_task("eval", total=len(rows) * (1 + (k if k > 1 else 0))) if progress else None
-
-    async def one(fn: EpisodeFn, row: dict[str, Any], seed: int) -> Trajectory:
-        async with sem:
-            traj = settle_returns(await fn(row, seed, f"eval-{uuid.uuid4().hex[:12]}"), cfg.env.turn_discount)
-        if progress is not None:
-            progress.advance(task_id)
-        return traj
-
-    greedy = await asyncio.gather(*(one(greedy_fn, row, i) for i, row in enumerate(rows)))
-    if greedy and all(t.status != "ok" for t in greedy):  # nothing was measured: say why, do not go on
-        if progress is not None:
-            progress.remove_task(task_id)
-        raise EpisodesFailed(failure_message(f"eval: all {len(greedy)} episodes failed", greedy[-1]))
-    report: dict[str, Any] = {
-        "eval/accuracy": sum(map(episode_solved, greedy)) / max(1, len(rows)),
-        "eval/reward": sum(t.reward for t in greedy) / max(1, len(rows)),
-        "eval/failed": sum(t.status != "ok" for t in greedy),
-        "eval/n": len(rows),
-    }
-    if k > 1:
-        sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature),
-                                     episode_timeout=timeout)
-        samples = await asyncio.gather(*(one(sample_fn, row, 1000 * i + j)
-                                         for i, row in enumerate(rows) for j in range(k)))
-        hits = [any(episode_solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]
-        report[f"eval/pass@{k}"] = sum(hits) / max(1, len(rows))
-    if progress is not None:
-        progress.remove_task(task_id)
-    return report
-
-
-def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             progress: Any = None, lora_path: str | None = None) -> dict[str, Any]:
-    """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (decoding with the
-    loaded adapter ``lora_path`` when given), and its duration (``time/eval_s``, so that
-    training time can be told from eval time)."""
-    from areal_agents.inference.client import InferenceClient
-
-    async def go() -> dict[str, Any]:
-        client = InferenceClient(addresses, timeout=cfg.inference.request_timeout, lora_path=lora_path,
-                                 batch_window=cfg.inference.batch_window)
-        try:
-            return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  progress=progress)
-        finally:
-            await client.aclose()
-
-    if not rows:
-        return {}
-    t0 = time.monotonic()
-    return {**asyncio.run(go()), "time/eval_s": time.monotonic() - t0}

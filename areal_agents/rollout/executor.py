@@ -43,10 +43,10 @@ from typing import Any
 
 from areal_agents.config import RolloutConfig
 from areal_agents.failures import EpisodesFailed, failure_message
-from areal_agents.loop_thread import LoopThread
 from areal_agents.rollout.episode import EpisodeFn, episode_outcome, episode_solved, with_deadline
 from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
 from areal_agents.rollout.staleness import StalenessBound
+from areal_agents.runtime.loop_thread import LoopThread
 from areal_agents.types import Trajectory, check_turn_discount
 
 __all__ = ["RolloutExecutor"]

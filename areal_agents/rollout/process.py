@@ -31,11 +31,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from areal_agents.config import ExperimentConfig
-from areal_agents.config_loader import import_user_module, user_files
-from areal_agents.lifeline import watch_parent
+from areal_agents.config.loader import import_user_module, user_files
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
 from areal_agents.rollout.interface import Rollout
+from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
 __all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]
@@ -50,23 +50,26 @@ class RolloutProcessDied(RuntimeError):
 def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
                    tokenizer: Any = None) -> RolloutExecutor:
     """The RL run's rollout executor: the configured env and agent over an inference client
-    for ``addresses``, cycling the training rows (the client closes with the executor)."""
+    for ``addresses``, cycling the training rows; the envs' rewards run in a reward runner of
+    its own (``rollout.reward_*``). The client and the runner close with the executor."""
     from areal_agents.data import load_dataset_rows
-    from areal_agents.inference.client import InferenceClient
-    from areal_agents.rollout.episode import build_episode_fn, sampling_params
+    from areal_agents.rewards import RewardRunner
+    from areal_agents.rollout.wiring import build_episode_fn, inference_client, sampling_params
 
     if tokenizer is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-    inf = cfg.inference
-    client = InferenceClient(addresses, schedule=inf.schedule, timeout=inf.request_timeout,
-                             retries=inf.request_retries, lora_path=cfg.actor.lora.served,
-                             batch_window=inf.batch_window)
-    return RolloutExecutor(cfg.rollout, episode_fn=build_episode_fn(cfg, tokenizer, client,
-                                                                    sampling=sampling_params(cfg)),
-                           rows=load_dataset_rows(cfg, "train"), seed=cfg.seed, shuffle=cfg.data.shuffle,
-                           turn_discount=cfg.env.turn_discount, on_shutdown=[client.aclose])
+    client = inference_client(cfg, addresses, lora_path=cfg.actor.lora.served)
+    runner = RewardRunner.for_rollout(cfg.rollout)
+
+    async def close_runner() -> None:
+        runner.close()
+
+    episode_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg), reward_runner=runner)
+    return RolloutExecutor(cfg.rollout, episode_fn=episode_fn, rows=load_dataset_rows(cfg, "train"), seed=cfg.seed,
+                           shuffle=cfg.data.shuffle, turn_discount=cfg.env.turn_discount,
+                           on_shutdown=[client.aclose, close_runner])
 
 
 def registrations(cfg: ExperimentConfig | None = None) -> bytes:
@@ -129,9 +132,6 @@ def _child(fd: int) -> None:
         sys.path[:] = path
         try:
             _register(blob)
-            from areal_agents.rewards import RewardRunner, set_default_runner
-
-            set_default_runner(RewardRunner.for_rollout(cfg.rollout))
             executor = build_executor(cfg, addresses, model_path)
         except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
             conn.send((0, False, _portable(exc)))

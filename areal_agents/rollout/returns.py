@@ -4,7 +4,7 @@ Agents report what each turn earned, ``Trajectory.turn_rewards`` (with ``Traject
 whose returns are undiscounted until settled); the rollout turns them into the episode's
 ``reward`` and per-turn ``turn_returns`` with :func:`settle_returns` where
 the episode ends (:func:`~areal_agents.rollout.episode.episode_outcome` for the executor, and
-:func:`~areal_agents.rollout.episode.evaluate`). It applies the run's turn discount γ
+:func:`~areal_agents.rollout.evaluation.evaluate`). It applies the run's turn discount γ
 (``env.turn_discount``) and the failure policy, so an agent that only records rewards gets the
 same returns as the built-in ones, and one that computed its own is overruled:
 

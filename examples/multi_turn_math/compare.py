@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(o.startswith(("algorithm.credit=", "trial_name=")) for o in overrides):
         print("error: compare.py sets algorithm.credit and trial_name itself", file=sys.stderr)
         return 2
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     cfg = load_config(str(HERE / "config.yaml"), overrides)  # one clear line on a bad key, before any run
     root = Path(cfg.output_dir) / cfg.experiment_name

@@ -5,7 +5,7 @@
 registers the agent as ``sandbox-tool`` and then runs ``areal-agents run`` with the same
 arguments (``agent.name=sandbox-tool`` selects it). ``SandboxToolAgent`` plays any text env:
 a reply with ``<python>code</python>`` is executed by the agent with
-:func:`areal_agents.sandbox.run_python` (no network, memory/CPU/process limits, a fresh temp
+:func:`areal_agents.tools.sandbox.run_python` (no network, memory/CPU/process limits, a fresh temp
 dir) and the output goes back to the model as ``<output>...</output>``; a reply without a
 tool call is the answer and goes to ``env.step``. Tool turns get reward 0; the env's reward
 lands on the answer turn, so with ``credit=turn`` and ``turn_discount < 1`` every tool call
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from areal_agents import Agent
 from areal_agents.agent import checked_step, jsonable
 from areal_agents.env import run_in_thread
-from areal_agents.sandbox import run_python
+from areal_agents.tools.sandbox import run_python
 
 if TYPE_CHECKING:
     from areal_agents import Env, Trajectory
@@ -183,8 +183,8 @@ def warm_start(cfg: Any, *, progress: bool = True) -> Path:
 
     from areal_agents.data import load_dataset_rows
     from areal_agents.env import make_env
-    from areal_agents.inference.tiny_model import cache_dir, ensure_tiny_model
     from trainers.sft import sft_train
+    from trainers.tiny_model import cache_dir, ensure_tiny_model
 
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     agent = SandboxToolAgent(system_prompt=cfg.agent.system_prompt, **cfg.agent.kwargs)

@@ -10,7 +10,7 @@ import torch
 from algorithms.importance import WEIGHT_METRIC_NAMES, behave_importance_weights, weight_metrics
 from algorithms.losses import METRIC_NAMES, LossNorm, aggregate, combine_metrics, metric_reduction, ppo_loss
 from areal_agents.config import AlgorithmConfig, ConfigError
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 
 D = torch.float64
 NAN = float("nan")

@@ -14,7 +14,7 @@ import torch
 from algorithms.losses import LossNorm
 from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.registry import algorithms
 
 BUILTINS = ("grpo", "dr-grpo", "dapo", "rloo", "reinforce++", "ppo", "decoupled-ppo", "gigpo")

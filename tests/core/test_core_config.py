@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import config_fields, load_config, to_yaml
+from areal_agents.config.loader import config_fields, load_config, to_yaml
 
 
 def test_defaults_validate_and_interpolate():
@@ -101,7 +101,7 @@ def test_bad_values_name_the_key(overrides, key, rule):
 def test_allocation_mode_sets_the_device_split(monkeypatch, tmp_path):
     import importlib.metadata as md
 
-    from areal_agents.config_loader import parse_allocation_mode
+    from areal_agents.config.loader import parse_allocation_mode
 
     yaml = tmp_path / "split.yaml"
     yaml.write_text("allocation_mode: embedded.d2+d1\n")
@@ -285,7 +285,7 @@ def test_config_show_prints_the_values_a_run_uses_and_their_source(tmp_path):
 
 
 def test_explain_config_is_load_config_with_sources(tmp_path):
-    from areal_agents.config_loader import explain_config
+    from areal_agents.config.loader import explain_config
     from areal_agents.registry import algorithms
 
     path = tmp_path / "exp.yaml"
@@ -314,7 +314,7 @@ def test_explain_config_is_load_config_with_sources(tmp_path):
 def test_config_reference_doc_is_current():
     from pathlib import Path
 
-    from areal_agents.config_loader import config_reference
+    from areal_agents.config.loader import config_reference
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text() == config_reference(), "docs/config.md is stale: areal-agents config markdown > docs/config.md"
@@ -387,7 +387,7 @@ def test_imports_errors_are_one_clear_line(tmp_path):
 
 def test_section_name_shorthand() -> None:
     """``agent=NAME`` (also env=, algorithm=, data=) sets the section's name; a mapping still sets fields."""
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     cfg = load_config(overrides=["agent=chat", "algorithm=rloo", "env={name: math, turn_discount: 0.5}"])
     assert (cfg.agent.name, cfg.algorithm.name, cfg.env.name, cfg.env.turn_discount) == ("chat", "rloo", "math", 0.5)

@@ -24,17 +24,20 @@ sys.meta_path.insert(0, _NoTorch())
 """
 
 SDK_MODULES = [
-    "areal_agents", "areal_agents.registry", "areal_agents.config", "areal_agents.config_loader",
-    "areal_agents.types", "areal_agents.llm", "areal_agents.cli",
+    "areal_agents", "areal_agents.registry", "areal_agents.config", "areal_agents.config.loader",
+    "areal_agents.types", "areal_agents.failures", "areal_agents.llm", "areal_agents.llm.scripted",
+    "areal_agents.llm.reference", "areal_agents.cli", "areal_agents.cli.preflight", "areal_agents.env",
+    "areal_agents.gym", "areal_agents.agent", "areal_agents.rewards", "areal_agents.data", "areal_agents.tools",
+    "areal_agents.runtime.threads", "areal_agents.runtime.loop_thread", "areal_agents.runtime.lifeline",
+    "areal_agents.runtime.stopping", "areal_agents.runtime.ids", "areal_agents.rollout",
+    "areal_agents.rollout.process", "areal_agents.rollout.evaluation", "areal_agents.inference.client",
+    "areal_agents.inference.llm_client", "areal_agents.inference.sglang_version", "areal_agents.openai_compat.http",
+    "areal_agents.testing",
 ]
-OPTIONAL_SDK = ["areal_agents.env", "areal_agents.agent", "areal_agents.rewards", "areal_agents.data",
-                "areal_agents.sandbox", "areal_agents.rollout", "areal_agents.inference.client",
-                "areal_agents.inference.llm_client", "areal_agents.testing"]
 
 
 def test_core_imports_without_torch():
-    modules = SDK_MODULES + [m for m in OPTIONAL_SDK if (ROOT / (m.replace(".", "/") + ".py")).exists()]
-    code = BLOCK_TORCH + "\nimport importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules) + (
+    code = BLOCK_TORCH + "\nimport importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in SDK_MODULES) + (
         "from areal_agents import load_config\nload_config()\nassert 'torch' not in sys.modules\nprint('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

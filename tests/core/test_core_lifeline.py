@@ -1,5 +1,5 @@
 """A launched process ends with its launcher even when a worker thread launched it (where
-``PR_SET_PDEATHSIG`` would not fire): :func:`areal_agents.lifeline.watch_parent`."""
+``PR_SET_PDEATHSIG`` would not fire): :func:`areal_agents.runtime.lifeline.watch_parent`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The launcher: starts a child from a *worker thread*, prints its pid, then sleeps until killed.
 LAUNCHER = """
 import subprocess, sys, threading, time
-child = ("from areal_agents.lifeline import watch_parent; import os, time; "
+child = ("from areal_agents.runtime.lifeline import watch_parent; import os, time; "
          "watch_parent(os.getppid(), interval=0.1); print('ready', flush=True); time.sleep(60)")
 def launch():
     p = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
@@ -78,7 +78,7 @@ def test_embedded_command_names_its_launcher() -> None:
 
 
 def test_several_trainer_nodes_need_a_rendezvous() -> None:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     with pytest.raises(ConfigError, match=r"^trainer.rdzv_endpoint: trainer.nnodes=2 needs"):
         load_config(None, ["trainer.nnodes=2"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.env import check_env
 from areal_agents.registry import envs, rewards
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 # A reward the untrained model meets on some rows and not on others, so the accuracy is a
 # figure the test can recompute (an untrained model never gets a sum right: 0 either way).
@@ -59,7 +59,7 @@ def test_eval_command_writes_report(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["eval/n"] == n and report["k"] == 3 and report["model"] == str(model)
     assert report["eval/failed"] == 0
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
     from areal_agents.data import load_dataset_rows
 
     rows = load_dataset_rows(load_config(overrides=["env.name=math"]), "test")[:n]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import torch
 
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.inference.launcher import launch_servers
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

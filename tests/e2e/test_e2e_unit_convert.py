@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from areal_agents.config import SFTConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.data import load_dataset_rows
-from areal_agents.inference.tiny_model import build_tiny_model
 from trainers.batching import load_trajectories
 from trainers.sft import _corpus_text, render_examples, sft_train
+from trainers.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

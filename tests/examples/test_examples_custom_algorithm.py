@@ -14,7 +14,7 @@ import torch
 from examples_support import ROOT, TINY, metrics_rows, run_command, train_steps
 
 from areal_agents.config import AlgorithmConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.registry import algorithms
 
 
@@ -95,8 +95,8 @@ def _token_mean(advantages: list[list[float]]) -> float:
 def test_script_trains_with_the_median_advantages(tmp_path: Path) -> None:
     import transformers
 
-    from areal_agents.inference.tiny_model import build_tiny_model
     from areal_agents.types import Trajectory
+    from trainers.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model([f"{a}+{b}={a + b}" for a in range(20) for b in range(20)], tmp_path / "model",
                                  hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)

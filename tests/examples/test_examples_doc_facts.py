@@ -10,7 +10,7 @@ import re
 import yaml
 from examples_support import DOCS, ROOT
 
-from areal_agents._config_doc import builtin_env_defaults, declared_fields
+from areal_agents.config.doc import builtin_env_defaults, declared_fields
 
 DEFAULTS = {key: default for key, _, default, _ in declared_fields()}
 NUMBER = r"(-?\d[\d.]*(?:e-?\d+)?)"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from examples_support import DOCS, ROOT, TINY, metrics_rows, package_env, run_command, train_steps
 
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false", "logging.plots=false"]
 _HERE = "tests/examples/test_examples_doc_recipes.py"
@@ -283,7 +283,7 @@ def test_quickstart_list_names_every_registry(tmp_path: Path) -> None:
 def test_algorithms_doc_registration_applies_its_defaults(tmp_path: Path) -> None:
     first = "# my_algo.py — import it before load_config (e.g. from your launcher script)"
     (tmp_path / "my_algo.py").write_text(block("docs/algorithms.md", "python", first))
-    code = ("import my_algo; from areal_agents.config_loader import load_config; "
+    code = ("import my_algo; from areal_agents.config.loader import load_config; "
             "c = load_config(None, ['algorithm.name=reinforce-rebn']).algorithm; print(c.rebn, c.credit)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["True", "turn"], proc.stderr
@@ -360,7 +360,7 @@ def test_rewards_doc_blocks_run(tmp_path: Path) -> None:
          namespace)
     assert namespace["my_reward"](" 42 ", answer="42") == 1.0 and namespace["my_reward"]("41", answer="42") == 0.0
     (tmp_path / "lenient.py").write_text(block("docs/rewards.md", "python", "from areal_agents import register_reward"))
-    code = ("from areal_agents.config_loader import load_config; load_config(None, ['imports=[lenient.py]']); "
+    code = ("from areal_agents.config.loader import load_config; load_config(None, ['imports=[lenient.py]']); "
             "from areal_agents.rewards import RewardRunner\n"
             "with RewardRunner(timeout=60, max_workers=1) as r:\n"
             "    a, b = r.compute('lenient', ' 42', {'answer': '42'}), r.compute('lenient', 'Paris', {'answer': 'paris'})\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from examples_support import DOCS, ROOT, TINY, run_command, train_steps
 
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 
 
 def test_relative_links_resolve() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from examples_support import ROOT, TINY, run_command, train_steps
 
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.data import gsm8k_dataset
 
 EXAMPLE = ROOT / "examples" / "gsm8k_grpo"

@@ -30,7 +30,7 @@ class ToolTemplate(CharTokenizer):
                             **kwargs: Any) -> Any:
         from jinja2 import Environment
 
-        from areal_agents.inference.tiny_model import CHAT_TEMPLATE
+        from trainers.tiny_model import CHAT_TEMPLATE
         text = Environment().from_string(CHAT_TEMPLATE).render(messages=conversation, tools=kwargs.get("tools"),
                                                                add_generation_prompt=add_generation_prompt)
         return self.encode(text) if tokenize else text

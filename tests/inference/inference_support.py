@@ -9,7 +9,7 @@ from typing import Any
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.inference.launcher import ServerGroup, launch_servers
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 
 def corpus(n: int = 300, seed: int = 0) -> Iterator[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from areal_agents.config import ConfigError, ExperimentConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.inference import control, protocol
 from areal_agents.inference.launcher import (
     LaunchError,
@@ -131,7 +131,7 @@ def test_serve_command_line(tmp_path: Path) -> None:
 
     from inference_support import corpus
 
-    from areal_agents.inference.tiny_model import build_tiny_model
+    from trainers.tiny_model import build_tiny_model
 
     no_model = subprocess.run([sys.executable, "-m", "areal_agents.cli", "serve", "--model", str(tmp_path)],
                               capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -17,7 +17,7 @@ from areal_agents.inference.client import InferenceClient, InferenceError
 @pytest.fixture()
 def silent_server() -> Iterator[str]:
     """Fault injection: a TCP server that accepts connections, reads, and never answers."""
-    from areal_agents.loop_thread import LoopThread
+    from areal_agents.runtime.loop_thread import LoopThread
 
     thread = LoopThread("silent-server")
     thread.start()

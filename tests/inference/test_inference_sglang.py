@@ -29,7 +29,7 @@ import sglang_frontend_client as client
 from inference_support import corpus, full_logprobs, greedy_ids, load_reference, start_servers
 
 from areal_agents.inference.launcher import ServerHandle
-from areal_agents.inference.tiny_model import build_tiny_model, cache_dir
+from trainers.tiny_model import build_tiny_model, cache_dir
 
 SGLANG_VERSION = "0.5.23"
 HERE = Path(__file__).parent

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from areal_agents.inference.tiny_model import build_tiny_model
+from trainers.tiny_model import build_tiny_model
 
 ADD_TOOL = {"type": "function", "function": {
     "name": "add", "description": "Add two numbers.",

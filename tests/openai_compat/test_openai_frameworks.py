@@ -16,11 +16,11 @@ import pytest
 from openai_support import build_model, load_tokenizer, reforward, served
 
 from areal_agents.config import ExperimentConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup
-from areal_agents.rollout.episode import build_episode_fn, sampling_params
+from areal_agents.rollout.wiring import build_episode_fn, sampling_params
 from areal_agents.types import Trajectory
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

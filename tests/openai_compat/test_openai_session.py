@@ -13,16 +13,16 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_support import ADD_TOOL, build_model, load_tokenizer
 
-from areal_agents.inference.tiny_model import CHAT_TEMPLATE
 from areal_agents.llm import observation_key
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession
-from areal_agents.openai_compat.tools import parse_tool_calls
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.testing import ScriptedLLM
+from areal_agents.tools.calls import parse_tool_calls
 from areal_agents.types import Trajectory
+from trainers.tiny_model import CHAT_TEMPLATE
 
 USER = [{"role": "user", "content": "What is 2 + 3?"}]
 
@@ -270,7 +270,7 @@ def test_ids_and_keys_need_no_system_call_and_differ_in_a_forked_child(tokenizer
     import re
     import warnings
 
-    from areal_agents.openai_compat.ids import new_id, new_key
+    from areal_agents.runtime.ids import new_id, new_key
 
     def no_urandom(n: int) -> bytes:
         raise AssertionError("os.urandom read on the request path")

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from areal_agents.config import ConfigError
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.env import make_env
 from areal_agents.openai_compat.agent import OpenAIAgent
 from areal_agents.openai_compat.session import CallRecord
 from areal_agents.openai_compat.trajectories import assemble
-from areal_agents.rollout.episode import build_agent
 from areal_agents.rollout.returns import settle_returns
+from areal_agents.rollout.wiring import build_agent
 from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 

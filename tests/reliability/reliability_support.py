@@ -73,7 +73,7 @@ def corpus(n: int = 200, seed: int = 0) -> Iterator[str]:
 
 def make_model(root: Path, seed: int = 0) -> Path:
     """A tiny Qwen2 model dir with a tokenizer trained on :func:`corpus`."""
-    from areal_agents.inference.tiny_model import build_tiny_model
+    from trainers.tiny_model import build_tiny_model
 
     return build_tiny_model(corpus(), root / f"model-{seed}", seed=seed)
 

@@ -95,7 +95,7 @@ def test_unguarded_script_runs_once_and_leaves_nothing_behind(tmp_path: Path, ca
         while time.monotonic() < deadline and proc.poll() is None:  # training: a server and reward workers
             seen = _cmdlines(proc.pid)
             metrics = tmp_path / "runs" / "math" / "trial" / "metrics.jsonl"
-            if (any("inference.server" in c for _, c in seen) and any("_reward_worker" in c for _, c in seen)
+            if (any("inference.server" in c for _, c in seen) and any("rewards.worker" in c for _, c in seen)
                     and metrics.exists() and metrics.read_text().count("train/loss") >= 1):
                 break
             time.sleep(0.2)
@@ -121,7 +121,7 @@ def test_unguarded_script_runs_once_and_leaves_nothing_behind(tmp_path: Path, ca
     text = (tmp_path / "run.log").read_text()
     assert text.count("script started") == 1
     assert (tmp_path / "runs" / "math" / "trial" / "logs" / "server-0.log").read_text().count("serving on") == 1
-    kinds = sorted({"server" if "inference.server" in c else "reward worker" if "_reward_worker" in c else c[:60]
+    kinds = sorted({"server" if "inference.server" in c else "reward worker" if "rewards.worker" in c else c[:60]
                     for _, c in seen})
     record(f"api_script_{sig.name}", processes=len(pids), kinds=kinds,
            left_behind=0, all_gone_after_s=round(gone_s, 2))

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from reliability_support import record
 
 from areal_agents.cli import main
-from areal_agents.config_loader import config_fields
+from areal_agents.config.loader import config_fields
 
 FIELDS = {key: default for key, _, default, _ in config_fields()}
 KNOWN = list(FIELDS)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from reliability_support import REPO, find_marker_processes, record
 
-from areal_agents.sandbox import run_python
+from areal_agents.tools.sandbox import run_python
 
 FIGURES: dict[str, object] = {}
 

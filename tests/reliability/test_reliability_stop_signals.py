@@ -15,8 +15,8 @@ import psutil
 import pytest
 from reliability_support import REPO, alive
 
-from areal_agents.inference.tiny_model import build_tiny_model
-from areal_agents.stopping import HARD_EXIT_AFTER
+from areal_agents.runtime.stopping import HARD_EXIT_AFTER
+from trainers.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

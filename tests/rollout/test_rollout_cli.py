@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.types import Trajectory
+from trainers.tiny_model import build_tiny_model
 
 
 def test_cli_rollout_mode_writes_jsonl(tmp_path: Path) -> None:

@@ -11,12 +11,12 @@ from rollout_fault_rewards import string_reward
 
 from areal_agents.agent import Agent, ChatAgent
 from areal_agents.config import RolloutConfig
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.env import Env
 from areal_agents.registry import envs
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import EpisodesFailed, RolloutExecutor, make_episode_fn
-from areal_agents.rollout.episode import evaluate
+from areal_agents.rollout.evaluation import evaluate
 from areal_agents.testing import CharTokenizer, ScriptedLLM
 
 ROWS = [{"prompt": f"say {i}", "answer": str(i)} for i in range(4)]

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from areal_agents.config import ExperimentConfig
-from areal_agents.config_loader import import_user_module
+from areal_agents.config.loader import import_user_module
 from areal_agents.env import TurnLimitedEnv
 from areal_agents.inference.launcher import ServerHandle, launch_servers
-from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.registry import envs, register_dataset, register_env
 from areal_agents.rollout.process import RolloutProcess, RolloutProcessDied, registrations
 from areal_agents.types import Trajectory
+from trainers.tiny_model import build_tiny_model
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(1, 2), (30, 4), (7, 70), (11, 11)]]
 

@@ -27,11 +27,11 @@ from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.inference.llm_client import ClientLLM
-from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.types import Trajectory
 from trainers.rollout_only import write_rollouts
+from trainers.tiny_model import build_tiny_model
 
 
 def corpus(n: int = 200) -> Iterator[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from areal_agents import make_env
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from areal_agents.data import load_dataset_rows
 from areal_agents.registry import datasets, rewards
 from envs.ecosystem.reasoning_gym_env import extract_reply

@@ -62,7 +62,7 @@ def test_math_env_plays_on_the_event_loop_with_the_sync_results(monkeypatch: pyt
     """``math``'s ``areset``/``astep`` need no worker thread (its reward is awaited in the event
     loop) and give what ``reset``/``step`` give; an env whose turn is its own code (a
     subclass's ``play_turn``, ``math-multiturn``) still runs it, on a thread."""
-    from areal_agents import env as env_module
+    from areal_agents.runtime import threads as env_module
     from envs.math import MathEnv
 
     hops: list[str] = []

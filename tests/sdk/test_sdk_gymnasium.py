@@ -17,7 +17,7 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from areal_agents import register_gymnasium_envs
 from areal_agents.env import Env, TurnLimitedEnv, make_env
-from areal_agents.gym_registration import gymnasium_id
+from areal_agents.gym.registration import gymnasium_id
 from areal_agents.registry import datasets, envs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def gym_ids() -> Iterator[dict[str, str]]:
 
 
 def test_import_registers_nothing_in_gymnasium() -> None:
-    code = ("import gymnasium, areal_agents, areal_agents.env, areal_agents.gym_registration\n"
+    code = ("import gymnasium, areal_agents, areal_agents.env, areal_agents.gym.registration\n"
             "print(sorted(i for i in gymnasium.registry if i.startswith('areal_agents/')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -284,7 +284,7 @@ def test_a_hung_reward_times_out_without_stalling_the_others() -> None:
 
 def test_reward_workers_config_reaches_the_runner() -> None:
     from areal_agents.config import ConfigError
-    from areal_agents.config_loader import load_config  # here: reward workers import this module, keep it light
+    from areal_agents.config.loader import load_config  # here: reward workers import this module, keep it light
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert default_reward_workers() == max(1, min(cpus or 1, 8))
@@ -298,7 +298,7 @@ def test_reward_workers_config_reaches_the_runner() -> None:
 
 
 def test_a_reward_in_a_file_from_imports_runs_in_the_workers(tmp_path) -> None:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
     from areal_agents.registry import rewards as registry
 
     path = tmp_path / "file_reward_for_workers.py"  # a directory no worker has on sys.path
@@ -325,3 +325,45 @@ def test_a_runner_dropped_without_close_leaves_no_worker() -> None:
     del runner, worker
     gc.collect()  # no ResourceWarning for a still-running subprocess (warnings are errors here)
     assert proc.returncode is not None and proc.poll() is not None
+
+
+def test_envs_built_for_a_run_get_their_reward_runner_handed_over() -> None:
+    """``make_env(..., reward_runner=r)`` and the rollout's ``env_factory(cfg, r)`` hand ``r`` to the
+    env: its rewards are counted there, and the process default sees none of them."""
+    from areal_agents.config import ExperimentConfig
+    from areal_agents.gym.registration import make_env
+    from areal_agents.rewards import get_default_runner
+    from areal_agents.rollout.wiring import env_factory
+
+    default = get_default_runner()
+    before = dict(default.stats)
+    row = {"prompt": "1+1=", "answer": "2"}
+    with RewardRunner(timeout=5.0, max_workers=1) as runner:
+        cfg = ExperimentConfig()
+        cfg.env.name = "math"
+        for env in (make_env("math", reward_runner=runner), env_factory(cfg, runner)()):
+            assert env.reward_runner is runner
+            env.reset(options=row)
+            assert env.step("\\boxed{2}")[1] == 1.0
+        assert runner.stats["ok"] == 2
+    assert default.stats == before
+    assert env_factory(cfg)().reward_runner is None  # built by hand: the default runner serves it
+
+
+def test_no_production_code_sets_the_process_wide_runner() -> None:
+    """Runs hand their runners to the envs they build: nothing in the four packages replaces the
+    process-wide default (``set_default_runner`` / ``default_runner``), which only hand-built envs use."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    setters = {"set_default_runner", "default_runner"}
+    calls = []
+    for pkg in ("areal_agents", "trainers", "algorithms", "envs"):
+        for path in (root / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call):
+                    name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                    if name in setters and path.relative_to(root).as_posix() != "areal_agents/rewards/runner.py":
+                        calls.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert calls == []

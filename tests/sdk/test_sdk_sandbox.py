@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 
-from areal_agents.sandbox import VISIBLE_ROOTS, run_python
+from areal_agents.tools.sandbox import VISIBLE_ROOTS, run_python
 
 
 def _assert_isolated(result) -> None:

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 from areal_agents import ChatAgent, make_env
-from areal_agents.config_loader import explain_config, load_config
-from areal_agents.inference.tiny_model import build_tiny_model
+from areal_agents.config.loader import explain_config, load_config
 from areal_agents.llm import Generation
+from areal_agents.llm.reference import reference_trajectory
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
-from areal_agents.reference import reference_trajectory
 from areal_agents.testing import ScriptedLLM
 from envs.unit_convert import UnitConvertEnv, convert, run_tool, unit_convert_agent, unit_convert_dataset
 from trainers.sft import _corpus_text, exact_match_accuracy, render_examples
+from trainers.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -143,7 +143,7 @@ def test_unknown_target_module_is_one_config_line(model_dir: Path) -> None:
      "trainer.weight_sync: LoRA adapters reach SGLang servers through disk"),
 ])  # fmt: skip
 def test_lora_config_errors_are_one_line(override: list[str], message: str) -> None:
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
 
     with pytest.raises(ConfigError) as err:
         load_config(None, override)

@@ -20,9 +20,9 @@ from trainer_helpers import make_cfg, nll_loss_fn
 from areal_agents.config import LoraConfig
 from areal_agents.inference import control
 from areal_agents.inference.launcher import free_port
-from areal_agents.inference.tiny_model import build_tiny_model
 from areal_agents.types import Trajectory
 from trainers.engine import TrainEngine
+from trainers.tiny_model import build_tiny_model
 from trainers.weight_sync import DiskWeightSync, DistributedWeightSync
 
 TOL = 1e-4

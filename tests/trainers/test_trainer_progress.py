@@ -8,7 +8,7 @@ import logging
 import pytest
 from rich.console import Console
 
-from areal_agents.config_loader import load_config
+from areal_agents.config.loader import load_config
 from trainers.progress import RunDisplay
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from areal_agents.config import SFTConfig
-from areal_agents.config_loader import load_config
-from areal_agents.inference.tiny_model import build_tiny_model
+from areal_agents.config.loader import load_config
 from trainers.sft import _trajectory, ensure_warm_model, exact_match_accuracy, sft_loss, sft_train
+from trainers.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup, ServerHandle, embedded_command, free_port, launch_servers
-from areal_agents.inference.tiny_model import build_tiny_model
 from trainers.engine import TrainEngine
+from trainers.tiny_model import build_tiny_model
 from trainers.weight_sync import DiskWeightSync, DistributedWeightSync, WeightSync
 
 PROMPT = [5, 9, 12, 40, 33]

@@ -1,38 +1,32 @@
-"""Experiment configuration: dataclasses with one help line per field.
-
-A field declares its constraint once, with the field (``f(default, help, rule)``, the rule one
-of :func:`ge`, :func:`gt`, :func:`within`, :func:`one_of` or a :class:`Rule`); the rule is
-stated in the field's help and checked in ``__post_init__`` (:class:`Section`), followed by
-each section's short list of cross-field :meth:`Section.rules`. A broken rule raises
-:class:`ConfigError` with the field name; :mod:`areal_agents.config_loader` adds the section
-path so the user sees one line such as ``actor.lr: must be > 0 (got -1.0)``.
-"""
+"""The sections of the experiment config: env, agent, data, sampling, inference, rollout, actor, algorithm, ..."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_agents.config.fields import (
+    DTYPES,
+    IMP_WEIGHT_CORRECTIONS,
+    IMP_WEIGHT_MODES,
+    ConfigError,
+    Rule,
+    Section,
+    f,
+    ge,
+    gt,
+    one_of,
+    within,
+)
 from areal_agents.types import is_turn_discount
 
 __all__ = [
     "ActorConfig",
     "AgentConfig",
     "AlgorithmConfig",
-    "ConfigError",
-    "Rule",
-    "Section",
     "DataConfig",
-    "DTYPES",
     "EnvConfig",
     "EvalConfig",
-    "ExperimentConfig",
-    "IMP_WEIGHT_CORRECTIONS",
-    "IMP_WEIGHT_MODES",
     "InferenceConfig",
     "LoggingConfig",
     "LoraConfig",
@@ -40,97 +34,9 @@ __all__ = [
     "RolloutConfig",
     "SFTConfig",
     "SGLangConfig",
-    "SGLANG_MIN_VERSION",
     "SamplingConfig",
     "TrainerConfig",
-    "check_sglang_version",
-    "ge",
-    "gt",
-    "one_of",
-    "within",
 ]
-
-DTYPES = ("float32", "bfloat16", "float16")
-IMP_WEIGHT_MODES = ("auto", "none", "token", "sequence")
-IMP_WEIGHT_CORRECTIONS = ("mask", "truncate")
-SGLANG_MIN_VERSION = "0.4.9.post2"
-
-
-class ConfigError(ValueError):
-    """A config value breaks a rule; ``key`` is the (possibly partial) dotted key."""
-
-    def __init__(self, key: str, rule: str) -> None:
-        super().__init__(f"{shown_key(key)}: {rule}")
-        self.key = key
-        self.rule = rule
-
-
-def shown_key(key: str) -> str:
-    """``key`` as a one-line message names it: quoted (``repr``) when it is empty, holds control
-    characters, ``": "`` or surrounding spaces, or starts with a quote, so ``KEY: rule`` still
-    reads unambiguously; ordinary dotted keys stay bare."""
-    plain = bool(key) and key.isprintable() and key == key.strip() and ": " not in key and key[0] not in "'\""
-    return key if plain else repr(key)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """A constraint on one field's value: ``ok(value)``, stated as ``must be <text>``."""
-
-    ok: Callable[[Any], bool]
-    text: str
-
-
-def ge(n: float) -> Rule:
-    return Rule(lambda v: v >= n, f">= {n}")
-
-
-def gt(n: float) -> Rule:
-    return Rule(lambda v: v > n, f"> {n}")
-
-
-def within(interval: str) -> Rule:
-    """``within("(0, 1]")``: a number in that interval (``(``/``)`` open, ``[``/``]`` closed)."""
-    lo, hi = (float(x) for x in interval[1:-1].split(","))
-    lo_ok: Callable[[Any], bool] = (lambda v: v > lo) if interval[0] == "(" else (lambda v: v >= lo)
-    hi_ok: Callable[[Any], bool] = (lambda v: v < hi) if interval[-1] == ")" else (lambda v: v <= hi)
-    return Rule(lambda v: lo_ok(v) and hi_ok(v), f"in {interval}")
-
-
-def one_of(*choices: str) -> Rule:
-    return Rule(lambda v: v in choices, f"one of {', '.join(choices)}")
-
-
-def f(default: Any, help: str, rule: Rule | None = None) -> Any:  # noqa: A002 - "help" mirrors argparse
-    """A dataclass field with a default (copied when mutable), a one-line help and its ``rule``,
-    which :class:`Section` enforces and the help states (``Must be ...``)."""
-    if rule is not None:
-        help = f"{help} Must be {rule.text}{' when set' if default is None else ''}."  # noqa: A001
-    metadata = {"help": help, "rule": rule}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-class Section:
-    """A config section: every field against its rule, then the cross-field rules of :meth:`rules`."""
-
-    def __post_init__(self) -> None:
-        # None (unset) and an unresolved ``${...}`` interpolation (a section built directly in Python) pass
-        for fld in dataclasses.fields(self):  # type: ignore[arg-type]
-            rule, value = fld.metadata.get("rule"), getattr(self, fld.name)
-            if rule is None or value is None or isinstance(value, str) and value.startswith("${"):
-                continue
-            when = " when set" if fld.default is None else ""
-            if not rule.ok(value):
-                raise ConfigError(fld.name, f"must be {rule.text}{when} (got {value!r})")
-        for ok, key, rule in self.rules():
-            if not ok:
-                raise ConfigError(key, rule)
-
-    def rules(self) -> list[tuple[bool, str, str]]:
-        """``(ok, key, rule)`` for each rule that involves more than one field."""
-        return []
 
 
 @dataclass
@@ -194,20 +100,6 @@ class SGLangConfig(Section):
     extra_args: list[str] = f([], "Extra command-line arguments for sglang.launch_server.")
 
 
-def check_sglang_version(key: str) -> None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
-    needs = f"backend 'sglang' needs sglang >= {SGLANG_MIN_VERSION}"
-    try:
-        found = version("sglang")
-    except PackageNotFoundError:
-        raise ConfigError(key, f"{needs}: pip install 'areal-agents[sglang]'") from None
-    if Version(found) < Version(SGLANG_MIN_VERSION):
-        raise ConfigError(key, f"{needs} for weight updates (found {found})")
-
-
 @dataclass
 class InferenceConfig(Section):
     """Inference servers: embedded (CPU default), SGLang, or already-running ones."""
@@ -229,7 +121,10 @@ class InferenceConfig(Section):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.backend == "sglang":
-            check_sglang_version("backend")
+            from areal_agents.inference.sglang_version import sglang_version_problem
+
+            if (problem := sglang_version_problem()) is not None:
+                raise ConfigError("backend", problem)
 
     def rules(self) -> list[tuple[bool, str, str]]:
         return [(self.backend != "remote" or bool(self.addresses), "addresses",
@@ -482,82 +377,3 @@ class LoggingConfig(Section):
     samples_per_step: int = f(4, "Sample trajectories written per step.")
     plots: bool = f(True, "Write PNG plots at the end of a run.")
     progress: bool = f(True, "Show rich progress bars.")
-
-
-@dataclass
-class ExperimentConfig(Section):
-    """One experiment: every section, loaded from YAML plus key=value overrides."""
-
-    experiment_name: str | None = f(None, "Groups trials under runs/<experiment_name>/; None = the env's name.")
-    trial_name: str = f("trial", "Output dir is runs/<experiment_name>/<trial_name>/.")
-    output_dir: str = f("runs", "Root directory of run outputs.")
-    mode: str = f("full", "full (rollout + train), rollout (write JSONL) or train (from JSONL).",
-                  one_of("full", "rollout", "train"))
-    train_data: str | None = f(None, "mode=train: rollout JSONL to train from.")
-    seed: int = f(1, "Global seed.")
-    imports: list[str] = f([], "Modules or .py files imported first, to register custom envs/agents/algorithms.")
-    launcher: str = f("local", "Where servers and trainer ranks run: local processes or a Ray cluster "
-                               "(pip install 'areal-agents[ray]').", one_of("local", "ray"))
-    allocation_mode: str | None = f(None, "Device split shorthand: 'sglang.d2t2+d4' = 2 SGLang servers x TP 2 "
-                                          "(GPUs 0-3) + 4 trainer ranks (GPUs 4-7); sets inference.backend/"
-                                          "num_servers, sglang.tp_size, trainer.nproc/device.")
-    env: EnvConfig = field(default_factory=EnvConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    inference: InferenceConfig = field(default_factory=InferenceConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
-    sglang: SGLangConfig = field(default_factory=SGLangConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-
-    def __post_init__(self) -> None:
-        if self.experiment_name is None:
-            self.experiment_name = self.env.name  # runs of different envs never share a run dir
-        super().__post_init__()
-        if self.algorithm.max_response_tokens is None:  # L_max of the overlong penalty
-            self.algorithm.max_response_tokens = self.agent.max_tokens
-
-    def rules(self) -> list[tuple[bool, str, str]]:
-        rules = [(self.mode != "train" or self.train_data is not None, "train_data",
-                  "mode=train needs train_data=<rollout JSONL>")]
-        sync, backend, address = self.trainer.weight_sync, self.inference.backend, self.trainer.weight_sync_address
-        loopback = ("127.0.0.1", "localhost", "::1", "[::1]")
-        hosts = (a.rsplit(":", 1)[0].split("//")[-1] for a in self.inference.addresses)
-        far = [h for h in hosts if h not in loopback] if sync != "disk" and backend == "remote" else []
-        return rules + [
-            (self.trainer.nproc % self.actor.hsdp_replicate == 0, "actor.hsdp_replicate",
-             f"must divide trainer.nproc={self.trainer.nproc} (got {self.actor.hsdp_replicate})"),
-            (not (sync == "gloo" and backend == "sglang"), "trainer.weight_sync",
-             "gloo is for embedded servers; SGLang on GPUs takes nccl (or disk)"),
-            (not (sync == "nccl" and backend == "embedded"), "trainer.weight_sync",
-             "nccl needs SGLang servers on GPUs; embedded servers take gloo (or disk)"),
-            (not (sync == "nccl" and self.actor.lora.rank > 0), "trainer.weight_sync",
-             "LoRA adapters reach SGLang servers through disk (/load_lora_adapter): set trainer.weight_sync=disk"),
-            (not far or address not in loopback, "trainer.weight_sync_address",
-             f"servers on other hosts ({', '.join(far)}) cannot join a {sync} group at {address}: "
-             "set this host's address"),
-        ]
-
-    @property
-    def trainer_first_gpu(self) -> int:
-        """GPU of trainer local rank 0: ``trainer.first_gpu``, else the first GPU after the
-        ``num_servers × tp_size`` GPUs of the SGLang servers this run launches (they start at 0)."""
-        if self.trainer.first_gpu is not None:
-            return self.trainer.first_gpu
-        return self.inference.num_servers * self.sglang.tp_size if self.inference.backend == "sglang" else 0
-
-    @property
-    def weights_dir(self) -> str:
-        """Where disk weight sync writes versions: under ``ray.shared_dir`` when set, else the run dir."""
-        root = self.ray.shared_dir or self.output_dir
-        return os.path.join(root, self.experiment_name or self.env.name, self.trial_name, "weights")
-
-    @property
-    def run_dir(self) -> str:
-        return os.path.join(self.output_dir, self.experiment_name or self.env.name, self.trial_name)

@@ -3,7 +3,7 @@
 ``areal-agents run`` calls :func:`preflight` first. On one row of the training data it builds
 the env, resets and steps it with the env's reference completion (which calls its reward),
 runs :func:`~areal_agents.env.check_env`, then builds the agent and plays one episode against a
-:class:`~areal_agents.testing.ScriptedLLM` (a scripted model with a character tokenizer: the
+:class:`~areal_agents.llm.scripted.ScriptedLLM` (a scripted model with a character tokenizer: the
 agent's code runs, no model does). A failure is a :class:`PreflightError` whose one-line
 message names the component, the cause and the line of the user's code, e.g.
 ``reward 'exact' returned str '0.0', not a number (my_rewards.py:12)``; the original exception
@@ -18,15 +18,15 @@ import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from areal_agents._reward_worker import check_not_in_worker
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
-from areal_agents.env import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
 from areal_agents.failures import blame, describe, failure_cause, function_location
+from areal_agents.gym.checker import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.registry import agents, envs
-from areal_agents.rewards import RewardRunner, default_runner
-from areal_agents.rollout.episode import build_agent, env_factory, sampling_params
-from areal_agents.testing import ScriptedLLM
+from areal_agents.rewards import RewardRunner
+from areal_agents.rewards.worker import check_not_in_worker
+from areal_agents.rollout.wiring import build_agent, env_factory, sampling_params
 from areal_agents.types import Trajectory
 
 __all__ = ["PreflightError", "preflight"]
@@ -53,11 +53,11 @@ def _close(env: Any) -> None:
         _call(f"env {type(env).__name__}.close", close)
 
 
-def _check_env_and_reward(cfg: ExperimentConfig, row: dict[str, Any]) -> str:
+def _check_env_and_reward(cfg: ExperimentConfig, row: dict[str, Any], rewards: RewardRunner) -> str:
     """Build, reset and step the env on ``row`` (its reward runs), then ``check_env``; return
     the reply that was used (the reference completion, or a probe when there is none)."""
     label = f"env {cfg.env.name!r}"
-    env = _call(f"{label}: constructing it", env_factory(cfg), fallback=envs.get(cfg.env.name))
+    env = _call(f"{label}: constructing it", env_factory(cfg, rewards), fallback=envs.get(cfg.env.name))
     try:
         _call(f"{label}: reset", env.reset, seed=cfg.seed, options=dict(row))
         reference = _call(f"{label}: reference_completion", env.reference_completion, dict(row))
@@ -78,13 +78,13 @@ def _check_env_and_reward(cfg: ExperimentConfig, row: dict[str, Any]) -> str:
     return reply
 
 
-def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str) -> None:
+def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str, rewards: RewardRunner) -> None:
     """Build the agent and play one episode of ``row`` against a scripted model."""
     label = f"agent {cfg.agent.name!r}"
     agent = _call(f"{label}: constructing it", build_agent, cfg, sampling_params(cfg), fallback=agents.get(cfg.agent.name))
     replies = itertools.chain([reply], itertools.cycle(DEFAULT_PROBE_ACTIONS))
     llm = ScriptedLLM(lambda messages: next(replies))
-    env = env_factory(cfg)()
+    env = env_factory(cfg, rewards)()
     timeout = cfg.rollout.episode_timeout
     where = function_location(type(agent))
     try:
@@ -120,8 +120,8 @@ def preflight(cfg: ExperimentConfig) -> None:
     rows = load_dataset_rows(cfg, "train")
     if not rows:
         raise PreflightError(f"env {cfg.env.name!r}: the training data has no rows")
-    with default_runner(RewardRunner(timeout=cfg.rollout.reward_timeout, max_workers=1)):
-        _check_agent(cfg, rows[0], _check_env_and_reward(cfg, rows[0]))
+    with RewardRunner(timeout=cfg.rollout.reward_timeout, max_workers=1) as rewards:
+        _check_agent(cfg, rows[0], _check_env_and_reward(cfg, rows[0], rewards), rewards)
     _PASSED.append(copy.deepcopy(cfg))
 
 

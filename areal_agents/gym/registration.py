@@ -1,8 +1,8 @@
-"""The registered envs in Gymnasium's own registry, as ``areal_agents/<name>-v0``.
+"""Registered envs made by name (:func:`make_env`), and put in Gymnasium's own registry as ``areal_agents/<name>-v0``.
 
 Nothing is registered on import (installed Gymnasium 1.x has no plugin entry points): call
 :func:`register_gymnasium_envs` once, then ``gymnasium.make("areal_agents/math-v0")`` builds the
-env through :func:`~areal_agents.env.make_env` (``gymnasium.make`` keyword arguments go to its
+env through :func:`make_env` (``gymnasium.make`` keyword arguments go to its
 constructor) and wraps it the way Gymnasium wraps any env.
 """
 
@@ -10,18 +10,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 from gymnasium.envs.registration import parse_env_id
 
-from areal_agents.env import Env, make_env
+from areal_agents.env import Env
 from areal_agents.registry import envs
 
-__all__ = ["NAMESPACE", "VERSION", "GymnasiumEnvCreator", "gymnasium_id", "register_gymnasium_envs"]
+if TYPE_CHECKING:
+    from areal_agents.rewards import RewardRunner
+
+__all__ = ["NAMESPACE", "VERSION", "GymnasiumEnvCreator", "gymnasium_id", "make_env", "register_gymnasium_envs"]
 
 NAMESPACE = "areal_agents"
 VERSION = 0
+
+
+def make_env(name: str, *, reward_runner: RewardRunner | None = None, **kwargs: Any) -> Env:
+    """Construct the env registered as ``name`` with ``kwargs`` (e.g. ``cfg.env.kwargs``); its
+    :meth:`~areal_agents.env.Env.compute_reward` calls go to ``reward_runner`` when one is given."""
+    factory = envs.get(name)
+    try:
+        env = factory(**kwargs)
+    except TypeError as exc:
+        raise TypeError(f"env {name!r}: bad constructor arguments {sorted(kwargs)}: {exc}") from None
+    if not isinstance(env, Env):
+        raise TypeError(f"env {name!r} built a {type(env).__name__}, which is not an areal_agents.Env subclass")
+    if reward_runner is not None:
+        env.reward_runner = reward_runner
+    return env
 
 
 def gymnasium_id(name: str, namespace: str = NAMESPACE) -> str:

@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 __all__ = ["VISIBLE_ROOTS", "SandboxResult", "run_python"]
 
@@ -161,6 +161,32 @@ def _read(fh: IO[bytes], limit: int) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
+def _boot_config(workdir: str, run_uid: int, status_fd: int, *, isolate: bool, keep_paths: tuple[str, ...],
+                 env: dict[str, str] | None, timeout_s: float, memory_mb: int, max_procs: int,
+                 max_file_mb: int) -> dict[str, Any]:
+    """What the child's boot script is told: isolation, visible paths, the uid to drop to, limits."""
+    return {
+        "isolate": isolate,
+        "keep": _keep_paths(workdir, keep_paths),
+        "hide": _hidden_roots(),
+        "cwd": workdir,
+        "drop_to": run_uid,
+        "drop_ok": _traversable_by_others(sys.executable),
+        "status_fd": status_fd,
+        "env": env if env is not None else {
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir,
+        },
+        "limits": {
+            "RLIMIT_AS": memory_mb * 1024 * 1024,
+            "RLIMIT_CPU": int(math.ceil(timeout_s)) + 1,
+            "RLIMIT_NPROC": max_procs,
+            "RLIMIT_FSIZE": max_file_mb * 1024 * 1024,
+            "RLIMIT_NOFILE": 256,
+            "RLIMIT_CORE": 0,
+        },
+    }
+
+
 def run_python(
     code: str,
     *,
@@ -193,26 +219,8 @@ def run_python(
             os.chown(workdir, run_uid, run_uid)
             os.chown(main_py, run_uid, run_uid)
         read_fd, write_fd = os.pipe()
-        cfg = {
-            "isolate": isolate,
-            "keep": _keep_paths(workdir, keep_paths),
-            "hide": _hidden_roots(),
-            "cwd": workdir,
-            "drop_to": run_uid,
-            "drop_ok": _traversable_by_others(sys.executable),
-            "status_fd": write_fd,
-            "env": env if env is not None else {
-                "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir,
-            },
-            "limits": {
-                "RLIMIT_AS": memory_mb * 1024 * 1024,
-                "RLIMIT_CPU": int(math.ceil(timeout_s)) + 1,
-                "RLIMIT_NPROC": max_procs,
-                "RLIMIT_FSIZE": max_file_mb * 1024 * 1024,
-                "RLIMIT_NOFILE": 256,
-                "RLIMIT_CORE": 0,
-            },
-        }
+        cfg = _boot_config(workdir, run_uid, write_fd, isolate=isolate, keep_paths=keep_paths, env=env,
+                           timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs, max_file_mb=max_file_mb)
         t0 = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(cfg)],

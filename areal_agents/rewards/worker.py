@@ -1,6 +1,7 @@
 """Reward worker processes: a fresh interpreter each, tied to the life of the process that started it.
 
-Private to :mod:`areal_agents.rewards`. A worker is ``python -c <bootstrap>`` with the parent's
+Used by :class:`~areal_agents.rewards.runner.RewardRunner`; :func:`check_not_in_worker` also by the CLI
+and the preflight check. A worker is ``python -c <bootstrap>`` with the parent's
 ``sys.path``, talking over a socket pair. It never imports the parent's ``__main__`` (so a
 script that starts a run without an ``if __name__ == "__main__":`` guard is not run again),
 except to load a reward function defined there; if that script then starts a run, it stops
@@ -31,14 +32,14 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-from areal_agents.config_loader import import_user_module
+from areal_agents.config.loader import import_user_module
 from areal_agents.failures import function_location
-from areal_agents.lifeline import die_with_parent, watch_parent
+from areal_agents.runtime.lifeline import die_with_parent, watch_parent
 
-__all__ = ["Worker", "check_not_in_worker", "main_script_file"]  # what rewards.py and the CLI use
+__all__ = ["Worker", "check_not_in_worker", "main_script_file"]  # what the runner and the CLI use
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from areal_agents._reward_worker import worker_entry; worker_entry(*sys.argv[2:])")
+         "from areal_agents.rewards.worker import worker_entry; worker_entry(*sys.argv[2:])")
 
 _READY = b"ready"
 _STARTUP_TIMEOUT = 120.0  # seconds for a worker to start, on a machine under load

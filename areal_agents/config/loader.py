@@ -379,6 +379,6 @@ def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
 def config_reference() -> str:
     """Markdown reference of every config key, the keys to tune first and each built-in env's
     defaults (``docs/config.md`` is generated from this)."""
-    from areal_agents._config_doc import render  # it imports the env registry's classes
+    from areal_agents.config.doc import render  # it imports the env registry's classes
 
     return render()

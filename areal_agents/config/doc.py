@@ -1,6 +1,6 @@
 """The ``docs/config.md`` reference: every key, the keys to tune first, and each built-in env's defaults.
 
-Private to :mod:`areal_agents.config_loader` (its ``config_reference`` renders this); the values
+Private to :mod:`areal_agents.config.loader` (its ``config_reference`` renders this); the values
 come from the dataclasses and the envs' ``default_config``, so the page cannot drift from the code.
 """
 
@@ -113,7 +113,7 @@ def render() -> str:
     fields = declared_fields()
     defaults = {key: default for key, _, default, _ in fields}
     lines = ["# Config reference", "",
-             "Generated from the dataclasses in `areal_agents/config.py` and the built-in envs' `default_config` by "
+             "Generated from the dataclasses in `areal_agents/config/` and the built-in envs' `default_config` by "
              "`areal-agents config markdown > docs/config.md`; a test fails when this file is stale.",
              "Set any key in a YAML file (`--config`) or as `key=value` on the command line.",
              *_tune_first(defaults), *_shorthands(), *_per_env(defaults), "", "## Every key"]

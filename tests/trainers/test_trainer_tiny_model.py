@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_agents.inference.tiny_model import (
+from trainers.tiny_model import (
     EOS_TOKEN,
     build_tiny_model,
     ensure_tiny_model,
@@ -101,7 +101,7 @@ def test_readme_figures_of_the_default_model_are_the_code_s(tmp_path: Path) -> N
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from areal_agents.config_loader import load_config
+    from areal_agents.config.loader import load_config
     from areal_agents.data import load_dataset_rows
     from areal_agents.env import make_env
 

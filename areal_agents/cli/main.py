@@ -16,16 +16,16 @@ from typing import Any
 
 import yaml
 
-from areal_agents._hub import check_hub_model
-from areal_agents._reward_worker import check_not_in_worker
+from areal_agents.cli.hub import check_hub_model
 from areal_agents.config import ConfigError
-from areal_agents.config_loader import config_fields, config_reference, explain_config, load_config, to_yaml
+from areal_agents.config.loader import config_fields, config_reference, explain_config, load_config, to_yaml
 from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError, get_registry, load_object
 from areal_agents.rewards import default_reward_workers
-from areal_agents.stopping import Terminated, stop_on_signals
+from areal_agents.rewards.worker import check_not_in_worker
+from areal_agents.runtime.stopping import Terminated, stop_on_signals
 
-__all__ = ["build_parser", "check_model_dir", "main"]
+__all__ = ["build_parser", "check_model_dir", "cli_serve", "config_overrides", "load_args_config", "main"]
 
 # subcommand -> implementation; each is called as fn(args) and returns an exit code.
 # For run/sft/eval, ``args.cfg`` holds the validated ExperimentConfig.
@@ -33,19 +33,19 @@ COMMANDS = {
     "run": "trainers.loop:cli_run",
     "sft": "trainers.sft:cli_sft",
     "eval": "trainers.evaluate:cli_eval",
-    "serve": "areal_agents.cli:cli_serve",
-    "plot": "areal_agents.plotting:cli_plot",
-    "list": "areal_agents.cli:_cmd_list",
-    "config": "areal_agents.cli:_cmd_config",
+    "serve": "areal_agents.cli.main:cli_serve",
+    "plot": "trainers.plotting:cli_plot",
+    "list": "areal_agents.cli.main:_cmd_list",
+    "config": "areal_agents.cli.main:_cmd_config",
 }
 
-_STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.stopping)
+_STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.runtime.stopping)
 
 # Failures that describe bad input or a broken setup: one line, exit 1. Any other exception is
 # a bug and keeps its traceback; AREAL_AGENTS_TRACEBACK=1 shows one for these too.
 _USER_ERRORS = (
-    "areal_agents.data:DatasetError", "areal_agents.env:EnvCheckError", "areal_agents.failures:EpisodesFailed",
-    "areal_agents.preflight:PreflightError",
+    "areal_agents.data:DatasetError", "areal_agents.gym.checker:EnvCheckError", "areal_agents.failures:EpisodesFailed",
+    "areal_agents.cli.preflight:PreflightError",
     "areal_agents.inference.control:ControlError", "areal_agents.inference.client:InferenceError",
     "areal_agents.inference.launcher:LaunchError",
 )
@@ -66,7 +66,7 @@ def _one_line(exc: BaseException) -> str:
 
 def check_model_dir(path: str | None, key: str) -> None:
     """A local model path must be a Hugging Face model directory; a Hub id must be in the
-    Hugging Face cache or on a Hub this machine reaches (one request, see ``areal_agents._hub``)."""
+    Hugging Face cache or on a Hub this machine reaches (one request, see :mod:`areal_agents.cli.hub`)."""
     local = os.path.expanduser(path or "")
     if not (os.path.isabs(local) or local.startswith(".") or os.path.exists(local)):
         if path:  # a Hub id such as Qwen/Qwen2.5-1.5B-Instruct
@@ -180,7 +180,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.cfg = load_args_config(args)  # validate before importing anything heavy
         check_model_dir(args.cfg.actor.path, "actor.path")
     if args.command == "run" and "WORLD_SIZE" not in os.environ:  # user code, before torch loads
-        from areal_agents.preflight import preflight
+        from areal_agents.cli.preflight import preflight
 
         preflight(args.cfg)
     if args.command in ("eval", "serve"):
@@ -216,7 +216,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

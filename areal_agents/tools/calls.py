@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from areal_agents.openai_compat.ids import new_id
+from areal_agents.runtime.ids import new_id
 
 __all__ = ["parse_tool_calls"]
 

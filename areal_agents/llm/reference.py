@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-from areal_agents.llm import LLM, Generation, Tokenizer
+from areal_agents.llm.base import LLM, Generation, Tokenizer
 from areal_agents.types import Trajectory
 
 __all__ = ["assistant_text", "reference_trajectory"]

@@ -1,0 +1,70 @@
+"""Experiment configuration: dataclasses with one help line per field (no torch).
+
+* :mod:`.fields` — ``f(default, help, rule)``, the rules, :class:`Section` and :class:`ConfigError`;
+* :mod:`.sections` — the sections (``env``, ``agent``, ``data``, ``sampling``, ``inference``, ``rollout``, ...);
+* :mod:`.experiment` — :class:`ExperimentConfig`, every section in one, with the rules that span sections;
+* :mod:`.loader` — YAML plus ``key=value`` overrides into an :class:`ExperimentConfig` (OmegaConf), and back;
+* :mod:`.doc` — the config reference page, rendered from the fields' help.
+"""
+
+from __future__ import annotations
+
+from areal_agents.config.experiment import ExperimentConfig
+from areal_agents.config.fields import (
+    DTYPES,
+    IMP_WEIGHT_CORRECTIONS,
+    IMP_WEIGHT_MODES,
+    ConfigError,
+    Rule,
+    Section,
+    ge,
+    gt,
+    one_of,
+    within,
+)
+from areal_agents.config.sections import (
+    ActorConfig,
+    AgentConfig,
+    AlgorithmConfig,
+    DataConfig,
+    EnvConfig,
+    EvalConfig,
+    InferenceConfig,
+    LoggingConfig,
+    LoraConfig,
+    RayConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SFTConfig,
+    SGLangConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "DTYPES",
+    "IMP_WEIGHT_CORRECTIONS",
+    "IMP_WEIGHT_MODES",
+    "ActorConfig",
+    "AgentConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "InferenceConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "RayConfig",
+    "RolloutConfig",
+    "Rule",
+    "SFTConfig",
+    "SGLangConfig",
+    "SamplingConfig",
+    "Section",
+    "TrainerConfig",
+    "ge",
+    "gt",
+    "one_of",
+    "within",
+]

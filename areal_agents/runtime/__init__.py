@@ -1,0 +1,12 @@
+"""The process's plumbing (no torch): threads, event-loop threads, lifelines to a parent, stop signals, ids.
+
+* :mod:`.threads` — :func:`run_in_thread`, sync calls on reusable daemon threads (env calls);
+* :mod:`.loop_thread` — an asyncio event loop on a thread of its own;
+* :mod:`.lifeline` — a child that dies with its parent;
+* :mod:`.stopping` — SIGINT/SIGTERM as a clean stop;
+* :mod:`.ids` — completion and tool-call ids and episode keys without a system call each.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
