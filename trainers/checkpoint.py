@@ -39,7 +39,7 @@ from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
 if TYPE_CHECKING:
-    from trainers.engine import TrainEngine
+    from trainers.engine import ShardedModel, TrainEngine
 
 __all__ = ["CheckpointMismatch", "Checkpointer", "find_latest", "rng_state", "set_rng_state"]
 
@@ -87,6 +87,12 @@ def _save_error(exc: BaseException, where: Path) -> Exception:
     return RuntimeError(f"cannot write checkpoint {where}: {last}")
 
 
+def _optimizer(sm: ShardedModel, name: str) -> torch.optim.Optimizer:
+    if sm.optimizer is None:
+        raise ValueError(f"checkpoint: the {name} model has no optimiser (only trained models are checkpointed)")
+    return sm.optimizer
+
+
 class CheckpointMismatch(ValueError):
     """The newest checkpoint was written by a run that differs in what resuming needs."""
 
@@ -108,7 +114,7 @@ class Checkpointer:
 
     # -- model state ----------------------------------------------------------------------
     @staticmethod
-    def _options(engine: TrainEngine) -> Any:
+    def _options(engine: TrainEngine) -> StateDictOptions | None:
         """With LoRA a checkpoint holds what trains (adapters, value head) and its optimiser
         state, not the frozen base weights, which come from ``actor.path`` again."""
         lora = getattr(engine, "lora", None) is not None
@@ -118,7 +124,7 @@ class Checkpointer:
     def _model_states(cls, engine: TrainEngine) -> dict[str, Any]:
         out = {}
         for name, sm in engine.trainable().items():
-            model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer, options=cls._options(engine))
+            model_sd, optim_sd = get_state_dict(sm.model, _optimizer(sm, name), options=cls._options(engine))
             out[name] = {"model": model_sd, "optim": optim_sd}
         return out
 
@@ -169,7 +175,7 @@ class Checkpointer:
         states = self._model_states(engine)
         dcp.load(states, checkpoint_id=str(path / "model"))
         for name, sm in engine.trainable().items():
-            set_state_dict(sm.model, sm.optimizer, model_state_dict=states[name]["model"],
+            set_state_dict(sm.model, _optimizer(sm, name), model_state_dict=states[name]["model"],
                            optim_state_dict=states[name]["optim"], options=self._options(engine))
         state = torch.load(path / "state.pt", weights_only=False)
         for name, sd in state["schedulers"].items():

@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,10 @@ from trainers.lora import (
     write_adapter_dir,
 )
 from trainers.prompt_packing import Packed, pack_prompts
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import PreTrainedModel
 
 __all__ = ["LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
@@ -73,12 +77,27 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return torch.nn.functional.pad(logp, (1, 0)), ent
 
 
+def _plain_tensors(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    """``state`` (a full, unsharded model state dict: every value a tensor) as a dict of tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"model state {key!r}: a full state dict holds tensors, got {type(value).__name__}")
+        out[key] = value
+    return out
+
+
 class ValueModel(nn.Module):
     """A critic: the transformer body of a causal LM and a linear value head (one output per token)."""
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: PreTrainedModel) -> None:
+        from transformers import PreTrainedModel
+
         super().__init__()
-        self.body = lm.get_submodule(lm.base_model_prefix)
+        body = lm.get_submodule(lm.base_model_prefix)
+        if not isinstance(body, PreTrainedModel):
+            raise TypeError(f"{type(lm).__name__}.{lm.base_model_prefix} is not a transformers model")
+        self.body = body
         self.config = lm.config
         hidden = int(lm.config.hidden_size)
         self.value_weight = nn.Parameter(torch.randn(hidden) * (1.0 / hidden**0.5) * 0.1)
@@ -102,7 +121,7 @@ class ShardedModel:
     before sharding and only they (and a critic's value head) train and are in the optimiser.
     """
 
-    def __init__(self, cfg: ExperimentConfig, path: Path, mesh: Any, device: torch.device, *, kind: str,
+    def __init__(self, cfg: ExperimentConfig, path: Path, mesh: DeviceMesh, device: torch.device, *, kind: str,
                  lr: float | None, total_steps: int) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -251,7 +270,7 @@ class TrainEngine:
             return dict(data)
         return collate(list(data), pad_token_id=self.pad_token_id)
 
-    def _all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+    def _all_reduce(self, t: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         if self.world > 1:
             t = t.to(self.device)
             dist.all_reduce(t, op=op)
@@ -362,7 +381,7 @@ class TrainEngine:
         for rows in mbs:
             if not rows:  # keep collectives in step with ranks that have more micro-batches
                 dummy = self._dummy()
-                zero = sum(m.forward(dummy, self.device, temp)[0].sum() for m in self.trainable().values())
+                zero = torch.stack([m.forward(dummy, self.device, temp)[0].sum() for m in self.trainable().values()]).sum()
                 (zero * 0.0).backward()
                 continue
             mb = select(batch, rows)
@@ -402,12 +421,13 @@ class TrainEngine:
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded policy parameters on CPU (collective: every rank must call)."""
-        return get_model_state_dict(self.actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return _plain_tensors(get_model_state_dict(self.actor.model, options=opts))
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's LoRA adapter, unsharded on CPU, under PEFT's saved names (collective)."""
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        state = get_model_state_dict(self.actor.model, options=opts)  # (it adds tied output embeddings)
+        state = _plain_tensors(get_model_state_dict(self.actor.model, options=opts))  # (it adds tied output embeddings)
         return {adapter_key(k): v for k, v in state.items() if is_adapter_key(k)}
 
     def export_hf(self, out_dir: str | os.PathLike[str], *, merged: bool = False, durable: bool = True) -> Path:

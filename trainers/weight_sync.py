@@ -197,7 +197,7 @@ class DistributedWeightSync(WeightSync):
         """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast
         order (``lora``: ``(name, adapter_config)`` when they are a LoRA adapter)."""
         body = protocol.update_weights_from_distributed_payload(
-            list(state), [t.dtype for t in state.values()], [list(t.shape) for t in state.values()],
+            list(state), [str(t.dtype) for t in state.values()], [list(t.shape) for t in state.values()],
             version=version, group_name=self.current_name)
         if lora is not None:
             body["lora_name"], body["lora_config"] = lora
