@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -43,10 +42,10 @@ from trainers.lora import (
     write_adapter_dir,
 )
 from trainers.prompt_packing import Packed, pack_prompts
+from trainers.value_model import ValueModel
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from transformers import PreTrainedModel
 
 __all__ = ["LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
@@ -85,32 +84,6 @@ def _plain_tensors(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
             raise TypeError(f"model state {key!r}: a full state dict holds tensors, got {type(value).__name__}")
         out[key] = value
     return out
-
-
-class ValueModel(nn.Module):
-    """A critic: the transformer body of a causal LM and a linear value head (one output per token)."""
-
-    def __init__(self, lm: PreTrainedModel) -> None:
-        from transformers import PreTrainedModel
-
-        super().__init__()
-        body = lm.get_submodule(lm.base_model_prefix)
-        if not isinstance(body, PreTrainedModel):
-            raise TypeError(f"{type(lm).__name__}.{lm.base_model_prefix} is not a transformers model")
-        self.body = body
-        self.config = lm.config
-        hidden = int(lm.config.hidden_size)
-        self.value_weight = nn.Parameter(torch.randn(hidden) * (1.0 / hidden**0.5) * 0.1)
-        self.value_bias = nn.Parameter(torch.zeros(1))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                use_cache: bool = False) -> torch.Tensor:
-        """``input_ids`` [B,T] → per-position values [B,T] (position ``t`` sees tokens ``<= t``)."""
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache).last_hidden_state
-        return (hidden * self.value_weight.to(hidden.dtype)).sum(-1) + self.value_bias.to(hidden.dtype)
-
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.body.gradient_checkpointing_enable(**kwargs)
 
 
 class ShardedModel:
