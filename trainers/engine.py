@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.losses import LossNorm, combine_metrics, metric_reduction
+from algorithms.specs import LossFn
 from areal_agents.config import ExperimentConfig
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
-LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -349,7 +349,7 @@ class TrainEngine:
         norm = self.loss_norm(batch, mine)
         grad_entropy = self.cfg.algorithm.entropy_coef > 0
         total_loss = 0.0
-        parts: list[Mapping[str, Any]] = []
+        parts: list[Mapping[str, float]] = []
         real = padded = 0
         for rows in mbs:
             if not rows:  # keep collectives in step with ranks that have more micro-batches

@@ -18,14 +18,15 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from areal_agents.config import ConfigError, ExperimentConfig, LoraConfig, SFTConfig
+from algorithms.losses import LossNorm
+from areal_agents.config import AlgorithmConfig, ConfigError, ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
 from trainers.warm_check import episode_check, is_multi_turn
 
@@ -37,7 +38,7 @@ _CHECK_ROWS = 200
 _WARM_VERSION = 6  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
-def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
+def sft_loss(logp: torch.Tensor, mb: Mapping[str, torch.Tensor], cfg: AlgorithmConfig, norm: LossNorm, *,
              entropy: torch.Tensor | None = None, values: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean NLL over completion tokens of the whole batch: ``-Σ mask·logp / norm.tokens``.

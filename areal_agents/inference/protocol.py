@@ -14,9 +14,12 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["BadRequest", "GenerateSpec", "Generation", "InferenceError", "flag", "init_weights_update_group_payload", "is_int",
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["BadRequest", "GenerateSpec", "Generation", "InferenceError", "Progress", "TopRow", "flag", "init_weights_update_group_payload", "is_int",
            "parse_generate", "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
 
@@ -113,7 +116,7 @@ def _token_list(x: Any, what: str, vocab: int) -> list[int]:
     return list(x)
 
 
-def _prompts(body: dict[str, Any], tokenizer: Any, vocab: int) -> tuple[list[list[int]], bool]:
+def _prompts(body: dict[str, Any], tokenizer: PreTrainedTokenizerBase, vocab: int) -> tuple[list[list[int]], bool]:
     has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
     require(has_text != has_ids, "exactly one of 'text' and 'input_ids' is required")
     if has_text:
@@ -216,7 +219,7 @@ def _lora_paths(value: Any, n: int) -> list[str | None]:
     return names * n if len(names) == 1 else names
 
 
-def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int,
+def parse_generate(body: dict[str, Any], tokenizer: PreTrainedTokenizerBase, vocab: int,
                    context_len: int) -> tuple[list[GenerateSpec], bool]:
     """Check a ``/generate`` body (a JSON object); return (specs, reply_is_list)."""
     unknown = sorted(set(body) - _TOP_ALL)
@@ -249,24 +252,43 @@ def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int,
     return specs, batched or len(specs) > len(prompts)
 
 
-def _triples(tokenizer: Any, with_text: bool, logprobs: Sequence[float | None], ids: Sequence[int]) -> list[list[Any]]:
+TopRow = tuple[list[float], list[int]] | None
+"""One position's top logprobs, ``(logprobs, token ids)`` best first; None where there are none."""
+
+
+class Progress(Protocol):
+    """What :func:`response_body` reads of a request being generated (the engine's ``GenRequest``):
+    the tokens so far with their logprobs, weight versions and top logprobs, and the prompt's."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[str]
+    output_top: list[TopRow]
+    input_logprobs: list[float | None] | None
+    input_top: list[TopRow] | None
+    matched_stop: str | None
+
+
+def _triples(tokenizer: PreTrainedTokenizerBase, with_text: bool, logprobs: Sequence[float | None],
+             ids: Sequence[int]) -> list[list[float | int | str | None]]:
     """SGLang's ``[logprob, token_id, text]`` rows (text only with ``return_text_in_logprobs``)."""
     texts = tokenizer.batch_decode([[t] for t in ids]) if with_text and ids else [None] * len(ids)
     return [[lp, t, x] for lp, t, x in zip(logprobs, ids, texts, strict=True)]
 
 
-def _top_rows(tokenizer: Any, with_text: bool, tops: Sequence[Any]) -> list[Any]:
+def _top_rows(tokenizer: PreTrainedTokenizerBase, with_text: bool,
+              tops: Sequence[TopRow]) -> list[list[list[float | int | str | None]] | None]:
     return [None if t is None else _triples(tokenizer, with_text, t[0], t[1]) for t in tops]
 
 
 def response_body(
     spec: GenerateSpec,
-    req: Any,
+    req: Progress,
     n: int,
     finish: dict[str, Any] | None,
     weight_version: str,
     latency: float,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
 ) -> dict[str, Any]:
     """The SGLang reply for ``req``'s first ``n`` tokens (all of them once finished).
 
@@ -276,6 +298,7 @@ def response_body(
     """
     output_ids, versions = req.output_ids[:n], req.versions[:n]
     text = tokenizer.decode(output_ids, skip_special_tokens=spec.skip_special_tokens)
+    assert isinstance(text, str)  # one id list decodes to one string
     matched_stop = req.matched_stop if finish is not None else None
     if matched_stop is not None and not spec.no_stop_trim:
         cut = text.find(matched_stop)
