@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["Engine", "GenRequest"]
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -123,9 +125,9 @@ class Engine:
             self._waiting.append(req)
             self._cond.notify()
 
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    def call(self, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
         """Run ``fn()`` on the decode thread at the next token boundary."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[_T] = concurrent.futures.Future()
         with self._cond:
             if not self.alive:
                 fut.set_exception(RuntimeError("decode loop is not running"))
