@@ -24,6 +24,7 @@ import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -242,7 +243,7 @@ class Checkpointer:
         batch: nothing to finish, and they may wait long) SIGTERM interrupts it at once
         (:func:`areal_agents.stopping.interrupt`). A second SIGTERM terminates at once.
         """
-        def handler(signum: int, frame: Any) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
             if self._stop:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)

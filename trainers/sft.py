@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -29,6 +29,9 @@ from algorithms.losses import LossNorm
 from areal_agents.config import AlgorithmConfig, ConfigError, ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
 from trainers.warm_check import episode_check, is_multi_turn
+
+if TYPE_CHECKING:
+    from areal_agents.env import Env
 
 __all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
            "sft_train"]
@@ -154,7 +157,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
 
 
 @torch.no_grad()
-def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]],
+def greedy_accuracy(model: Any, tokenizer: Any, env: Env, rows: Sequence[dict[str, Any]],
                     prompts: Sequence[list[int]], max_new_tokens: int = 16, batch_size: int = 64) -> float:
     """Fraction of ``rows`` whose greedy completion equals the env's reference completion or
     gets reward >= 1 from ``env.step`` (checked only for the others: rewards run out of process).
@@ -188,7 +191,7 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[st
 
 
 @torch.no_grad()
-def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[int]] | Trajectory], pad_token_id: int,
+def exact_match_accuracy(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]] | Trajectory], pad_token_id: int,
                          batch_size: int = 256) -> float:
     """Fraction of ``(prompt_ids, completion_ids + eos)`` pairs (or trajectories, trained where
     their loss mask is 1) whose greedy completion is exactly the reference, from one
@@ -221,7 +224,7 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
     return hits / max(1, len(examples))
 
 
-def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]]
+def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Sequence[dict[str, Any]]
                     ) -> tuple[list[Any], list[list[int]]]:
     """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion (a
     :class:`Trajectory` of the whole episode for rows with a reference conversation), and the
@@ -254,7 +257,7 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
     return examples, prompts
 
 
-def _corpus_text(env: Any, row: dict[str, Any]) -> str:
+def _corpus_text(env: Env, row: dict[str, Any]) -> str:
     """The text of a row the tiny model's tokenizer learns from: its prompt and reference (a
     reference conversation as the tiny model's chat template renders it, tool specs included)."""
     conv = env.reference_conversation(row)

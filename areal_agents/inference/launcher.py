@@ -25,7 +25,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from areal_agents.config import ConfigError, ExperimentConfig, check_sglang_version
 from areal_agents.lifeline import die_with_parent
@@ -165,7 +164,7 @@ class ServerGroup(list[ServerHandle], contextlib.AbstractContextManager["ServerG
         for handle in self:
             handle.close()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
