@@ -17,13 +17,21 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import EpisodesFailed, blame, describe, failure_message
 from areal_agents.registry import agents, envs
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from areal_agents.agent import Agent
+    from areal_agents.env import Env
+    from areal_agents.inference.client import InferenceClient
+    from areal_agents.llm import LLM
 
 __all__ = ["EpisodeFn", "build_agent", "build_episode_fn", "classify_error", "env_factory", "episode_outcome",
            "episode_solved", "evaluate", "make_episode_fn", "run_eval", "sampling_params", "with_deadline"]
@@ -110,9 +118,9 @@ def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount
 
 
 def make_episode_fn(
-    env_factory: Callable[[], Any],
-    agent: Any,
-    llm_factory: Callable[[str], Any],
+    env_factory: Callable[[], Env],
+    agent: Agent,
+    llm_factory: Callable[[str], LLM],
     *,
     episode_timeout: float | None = None,
 ) -> EpisodeFn:
@@ -168,12 +176,12 @@ def sampling_params(cfg: ExperimentConfig, *, greedy: bool = False, temperature:
     return params
 
 
-def env_factory(cfg: ExperimentConfig) -> Callable[[], Any]:
+def env_factory(cfg: ExperimentConfig) -> Callable[[], Env]:
     """A zero-argument constructor of the configured env."""
     return functools.partial(envs.get(cfg.env.name), **cfg.env.kwargs)
 
 
-def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
+def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Agent:
     """The configured agent; the built-in ``ChatAgent`` gets the ``agent.*`` fields, an OpenAI-style
     agent (``async def agent(client, row)``, :mod:`areal_agents.openai_compat.agent`) is wrapped."""
     agent_cls = agents.get(cfg.agent.name)
@@ -191,7 +199,7 @@ def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
                         "sampling": sampling, **cfg.agent.kwargs})
 
 
-def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],
+def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: InferenceClient, *, sampling: dict[str, Any],
                      episode_timeout: float | None = None) -> EpisodeFn:
     """``episode_fn(row, seed, episode_id) -> Trajectory`` over the inference client.
 
@@ -213,9 +221,9 @@ def episode_solved(traj: Trajectory) -> bool:
     return bool(success) if success is not None else traj.reward > 0
 
 
-async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Sequence[dict[str, Any]], *,
+async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: InferenceClient, rows: Sequence[dict[str, Any]], *,
                    k: int = 1, temperature: float = 1.0, concurrency: int = 64,
-                   progress: Any = None) -> dict[str, Any]:
+                   progress: Progress | None = None) -> dict[str, Any]:
     """Greedy accuracy (and pass@k when ``k > 1``) over ``rows``.
 
     An episode counts as solved as :func:`episode_solved` says. When every greedy episode
@@ -230,13 +238,13 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
     async def one(fn: EpisodeFn, row: dict[str, Any], seed: int) -> Trajectory:
         async with sem:
             traj = settle_returns(await fn(row, seed, f"eval-{uuid.uuid4().hex[:12]}"), cfg.env.turn_discount)
-        if progress is not None:
+        if progress is not None and task_id is not None:
             progress.advance(task_id)
         return traj
 
     greedy = await asyncio.gather(*(one(greedy_fn, row, i) for i, row in enumerate(rows)))
     if greedy and all(t.status != "ok" for t in greedy):  # nothing was measured: say why, do not go on
-        if progress is not None:
+        if progress is not None and task_id is not None:
             progress.remove_task(task_id)
         raise EpisodesFailed(failure_message(f"eval: all {len(greedy)} episodes failed", greedy[-1]))
     report: dict[str, Any] = {
@@ -252,13 +260,13 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
                                          for i, row in enumerate(rows) for j in range(k)))
         hits = [any(episode_solved(t) for t in samples[i * k:(i + 1) * k]) for i in range(len(rows))]
         report[f"eval/pass@{k}"] = sum(hits) / max(1, len(rows))
-    if progress is not None:
+    if progress is not None and task_id is not None:
         progress.remove_task(task_id)
     return report
 
 
 def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: list[dict[str, Any]],
-             progress: Any = None, lora_path: str | None = None) -> dict[str, Any]:
+             progress: Progress | None = None, lora_path: str | None = None) -> dict[str, Any]:
     """Greedy (and pass@k) accuracy on ``rows`` with a client of its own (decoding with the
     loaded adapter ``lora_path`` when given), and its duration (``time/eval_s``, so that
     training time can be told from eval time)."""
