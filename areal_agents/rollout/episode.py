@@ -94,7 +94,7 @@ async def with_deadline(episode: Awaitable[Trajectory], timeout: float) -> Traje
     return _failed("timeout", f"episode exceeded {timeout} s and ignored its cancellation")
 
 
-def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount: float = 1.0,
+def episode_outcome(task: asyncio.Future[Trajectory], cancel_reason: str, turn_discount: float = 1.0,
                     failure_policy: str = "drop") -> Trajectory:
     """The trajectory of a finished episode task, whatever happened to it, its return settled.
 

@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from areal_agents.config import RolloutConfig
 from areal_agents.failures import EpisodesFailed, failure_message
@@ -50,6 +50,8 @@ from areal_agents.rollout.staleness import StalenessBound
 from areal_agents.types import Trajectory, check_turn_discount
 
 __all__ = ["RolloutExecutor"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("areal_agents.rollout")
 
@@ -81,7 +83,7 @@ class RolloutExecutor:
         shuffle: bool = True,
         turn_discount: float = 1.0,
         group_filter: GroupFilter | None = None,
-        on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
+        on_shutdown: Iterable[Callable[[], Awaitable[object]]] = (),
         bounded_staleness: bool = True,
         max_failed_streak: int = 32,
     ) -> None:
@@ -150,7 +152,7 @@ class RolloutExecutor:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def run_coroutine(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
+    def run_coroutine(self, coro: Awaitable[_T], timeout: float | None = None) -> _T:
         """Run ``coro`` on the executor's event loop and return its result (from another thread)."""
         if self._thread is None or self._state != "running":
             raise RuntimeError("rollout executor is not running")
@@ -384,7 +386,7 @@ class RolloutExecutor:
         g.start_version = self._version
         self._active[g.serial] = g
         for k in range(g.size):
-            task: asyncio.Future[Any]
+            task: asyncio.Future[Trajectory]
             try:
                 episode = self._episode_fn(dict(g.row), g.seed + k, f"{g.group_id}-{k}")
                 task = asyncio.ensure_future(with_deadline(episode, self.cfg.episode_timeout), loop=loop)
@@ -396,7 +398,7 @@ class RolloutExecutor:
             task.add_done_callback(functools.partial(self._on_done, g, k))
 
     # ------------------------------------------------------------------ completion
-    def _on_done(self, g: Group, k: int, task: asyncio.Future[Any]) -> None:
+    def _on_done(self, g: Group, k: int, task: asyncio.Future[Trajectory]) -> None:
         try:
             traj = episode_outcome(task, g.cancel_reason, self._turn_discount, self.cfg.failure_policy)
             traj.group_id, traj.start_version = g.group_id, g.start_version

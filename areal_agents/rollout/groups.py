@@ -5,6 +5,7 @@ Nothing here touches the event loop or threads.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -137,7 +138,7 @@ class Group:
     stale: bool = False
     cancel_reason: str = ""
     trajectories: list[Trajectory | None] = field(default_factory=list)
-    tasks: set[Any] = field(default_factory=set)  # running episode tasks
+    tasks: set[asyncio.Future[Trajectory]] = field(default_factory=set)  # running episode tasks
 
     def __post_init__(self) -> None:
         self.trajectories = [None] * self.size
