@@ -95,12 +95,12 @@ def require(ok: bool, message: str) -> None:
         raise BadRequest(message)
 
 
-def is_int(x: Any) -> bool:
+def is_int(x: object) -> bool:
     """Whether ``x`` is a JSON integer (``bool`` is not)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _neutral(value: Any, default: Any) -> bool:
+def _neutral(value: object, default: object) -> bool:
     """Null, empty, SGLang's default, or a per-prompt list of those."""
     if value is None or (value == default and isinstance(value, bool) == isinstance(default, bool)):
         return True
@@ -178,7 +178,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     return out
 
 
-def flag(v: Any, default: bool, what: str) -> bool:
+def flag(v: object, default: bool, what: str) -> bool:
     """A JSON boolean field ``what``: ``default`` when null, else it must be true or false (:class:`BadRequest`)."""
     require(v is None or isinstance(v, bool), f"{what} must be true or false")
     return default if v is None else bool(v)
@@ -356,7 +356,7 @@ class Generation:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_generate_reply(body: Any, where: str = "server") -> Generation:
+def parse_generate_reply(body: object, where: str = "server") -> Generation:
     """Check one ``/generate`` reply and return it as a :class:`Generation`: ``info["finish"]``
     holds the reply's whole ``finish_reason`` object, ``info["top_logprobs"]`` its
     ``output_top_logprobs`` when the server sent them (one row per output token).
