@@ -25,7 +25,7 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -40,9 +40,10 @@ from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
 if TYPE_CHECKING:
+    from areal_agents.rollout.interface import RolloutState
     from trainers.engine import ShardedModel, TrainEngine
 
-__all__ = ["CheckpointMismatch", "Checkpointer", "find_latest", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointMismatch", "Checkpointer", "Restored", "find_latest", "rng_state", "set_rng_state"]
 
 _PREFIX = "step_"
 
@@ -94,6 +95,17 @@ def _optimizer(sm: ShardedModel, name: str) -> torch.optim.Optimizer:
     return sm.optimizer
 
 
+class Restored(TypedDict):
+    """What :meth:`Checkpointer.load` hands back besides the restored engine: the step and weight
+    version to go on from, the rollout's state, the caller's extras, and the checkpoint's path."""
+
+    step: int
+    version: int
+    rollout: RolloutState | None
+    extra: dict[str, Any] | None
+    path: str
+
+
 class CheckpointMismatch(ValueError):
     """The newest checkpoint was written by a run that differs in what resuming needs."""
 
@@ -129,7 +141,7 @@ class Checkpointer:
             out[name] = {"model": model_sd, "optim": optim_sd}
         return out
 
-    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: Any = None,
+    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: RolloutState | None = None,
              extra: dict[str, Any] | None = None) -> Path:
         """Write checkpoint ``step`` atomically and point ``latest`` at it; return its path."""
         name = f"{_PREFIX}{step:08d}"
@@ -167,7 +179,7 @@ class Checkpointer:
         for _, p in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(p, ignore_errors=True)
 
-    def load(self, engine: TrainEngine, path: str | os.PathLike[str]) -> dict[str, Any]:
+    def load(self, engine: TrainEngine, path: str | os.PathLike[str]) -> Restored:
         """Restore ``engine`` (models, optimisers, schedules, RNG) from ``path``; return
         ``{"step", "version", "rollout", "extra", "path"}``."""
         path = Path(path)
@@ -206,7 +218,7 @@ class Checkpointer:
             raise CheckpointMismatch(f"{latest} belongs to another run: {diff}")
         return Path(latest)
 
-    def load_latest(self, engine: TrainEngine) -> dict[str, Any] | None:
+    def load_latest(self, engine: TrainEngine) -> Restored | None:
         """Load :meth:`latest` into ``engine``; None if there is no checkpoint."""
         latest = self.latest()
         return None if latest is None else self.load(engine, latest)
@@ -234,7 +246,7 @@ class Checkpointer:
         return self._stop
 
     @contextlib.contextmanager
-    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, Any]]) -> Iterator[Checkpointer]:
+    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, RolloutState | None]]) -> Iterator[Checkpointer]:
         """While inside, SIGTERM requests a save instead of killing the process.
 
         The loop should check :meth:`stop_requested` at each step boundary and leave; on the

@@ -37,6 +37,7 @@ from areal_agents.preflight import preflight
 from areal_agents.rewards import RewardRunner, set_default_runner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.episode import run_eval
+from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
@@ -178,11 +179,13 @@ class _Rank0:
             else:
                 self.executor.start()
 
-    def state_dict(self) -> dict[str, Any] | None:
+    def state_dict(self) -> RolloutState | None:
         return self.executor.state_dict() if self.executor is not None else None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: RolloutState | None) -> None:
         if self.executor is not None:
+            if state is None:
+                raise ValueError("invalid rollout state (the checkpoint holds none)")
             self.executor.load_state_dict(state)
 
     def eval(self) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from areal_agents.failures import EpisodesFailed, failure_message
 from areal_agents.loop_thread import LoopThread
 from areal_agents.rollout.episode import EpisodeFn, episode_outcome, episode_solved, with_deadline
 from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
+from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.staleness import StalenessBound
 from areal_agents.types import Trajectory, check_turn_discount
 
@@ -297,7 +298,7 @@ class RolloutExecutor:
             return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
                     "rollout/skipped_rows": float(self._feeder.skipped)}
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> RolloutState:
         """Dataloader position plus the rows of groups not yet consumed (re-run after recovery)."""
         with self._cond:
             groups = [*self._pending, *(g for g in self._active.values() if not g.stale),
@@ -306,7 +307,7 @@ class RolloutExecutor:
             return {"feeder": self._feeder.state_dict(), "serial": self._serial,
                     "consumed_groups": self._consumed_groups, "unconsumed": unconsumed}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: RolloutState) -> None:
         """Restore :meth:`state_dict` before :meth:`start`; unconsumed rows are queued first."""
         with self._cond:
             if self._state != "new":
