@@ -188,7 +188,7 @@ class DistributedWeightSync(WeightSync):
     def world_size(self, n_servers: int | None = None) -> int:
         return 1 + (len(self.addresses) if n_servers is None else n_servers) * self.server_world
 
-    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None) -> list[dict[str, Any]]:
+    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None) -> list[protocol.InitGroupBody]:
         """Body of ``/init_weights_update_group`` for each server, in order (``port``: the
         trainer's store, ``master_port`` unless given)."""
         servers = self.addresses if servers is None else servers
@@ -199,7 +199,7 @@ class DistributedWeightSync(WeightSync):
                 for i in range(len(servers))]
 
     def update_payload(self, state: dict[str, torch.Tensor], version: int,
-                       lora: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                       lora: tuple[str, dict[str, Any]] | None = None) -> protocol.UpdateFromDistributedBody:
         """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast
         order (``lora``: ``(name, adapter_config)`` when they are a LoRA adapter)."""
         body = protocol.update_weights_from_distributed_payload(
