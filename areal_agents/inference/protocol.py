@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["BadRequest", "GenerateSpec", "Generation", "InferenceError", "InitGroupBody", "Progress", "TopRow", "UpdateFromDiskBody",
+__all__ = ["BadRequest", "GenerateSpec", "Generation", "GenerateReply", "InferenceError", "InitGroupBody", "MetaInfo", "Progress", "TopRow", "UpdateFromDiskBody",
            "UpdateFromDistributedBody", "flag", "init_weights_update_group_payload", "is_int",
            "parse_generate", "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
            "update_weights_from_distributed_payload"]
@@ -257,6 +257,10 @@ TopRow = tuple[list[float], list[int]] | None
 """One position's top logprobs, ``(logprobs, token ids)`` best first; None where there are none."""
 
 
+LogprobRow = list[float | int | str | None]
+"""SGLang's ``[logprob, token_id, text]`` (``text`` None unless ``return_text_in_logprobs``)."""
+
+
 class Progress(Protocol):
     """What :func:`response_body` reads of a request being generated (the engine's ``GenRequest``):
     the tokens so far with their logprobs, weight versions and top logprobs, and the prompt's."""
@@ -271,15 +275,45 @@ class Progress(Protocol):
 
 
 def _triples(tokenizer: PreTrainedTokenizerBase, with_text: bool, logprobs: Sequence[float | None],
-             ids: Sequence[int]) -> list[list[float | int | str | None]]:
+             ids: Sequence[int]) -> list[LogprobRow]:
     """SGLang's ``[logprob, token_id, text]`` rows (text only with ``return_text_in_logprobs``)."""
     texts = tokenizer.batch_decode([[t] for t in ids]) if with_text and ids else [None] * len(ids)
     return [[lp, t, x] for lp, t, x in zip(logprobs, ids, texts, strict=True)]
 
 
 def _top_rows(tokenizer: PreTrainedTokenizerBase, with_text: bool,
-              tops: Sequence[TopRow]) -> list[list[list[float | int | str | None]] | None]:
+              tops: Sequence[TopRow]) -> list[list[LogprobRow] | None]:
     return [None if t is None else _triples(tokenizer, with_text, t[0], t[1]) for t in tops]
+
+
+class _Meta(TypedDict):
+    id: str
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str
+    output_token_weight_versions: list[str]
+    e2e_latency: float
+
+
+class MetaInfo(_Meta, total=False):
+    """A reply's ``meta_info``: SGLang's fields, the per-token weight versions (an extension),
+    and with ``return_logprob`` the logprob rows of the prompt window and the output (with
+    ``top_logprobs_num`` also their top rows)."""
+
+    input_token_logprobs: list[LogprobRow]
+    output_token_logprobs: list[LogprobRow]
+    input_top_logprobs: list[list[LogprobRow] | None]
+    output_top_logprobs: list[list[LogprobRow] | None]
+
+
+class GenerateReply(TypedDict):
+    """The server's reply to one prompt of ``POST /generate`` (and each streamed event)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
 
 
 def response_body(
@@ -290,7 +324,7 @@ def response_body(
     weight_version: str,
     latency: float,
     tokenizer: PreTrainedTokenizerBase,
-) -> dict[str, Any]:
+) -> GenerateReply:
     """The SGLang reply for ``req``'s first ``n`` tokens (all of them once finished).
 
     ``req`` carries ``output_ids``, ``logprobs``, ``versions``, ``output_top``,
@@ -304,7 +338,7 @@ def response_body(
     if matched_stop is not None and not spec.no_stop_trim:
         cut = text.find(matched_stop)
         text = text[:cut] if cut >= 0 else text
-    meta: dict[str, Any] = {
+    meta: MetaInfo = {
         "id": spec.rid,
         "finish_reason": finish,
         "prompt_tokens": len(spec.prompt),
