@@ -32,6 +32,7 @@ from trainers.warm_check import episode_check, is_multi_turn
 
 if TYPE_CHECKING:
     from areal_agents.env import Env
+    from trainers.engine import TrainEngine
 
 __all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
            "sft_train"]
@@ -83,7 +84,7 @@ def _trajectory(prompt: list[int], completion: list[int]) -> Trajectory:
 
 def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], sft: SFTConfig, out_dir: str | os.PathLike[str],
               *, cfg: ExperimentConfig | None = None, tokenizer: Any = None,
-              eval_fn: Callable[[Any], dict[str, float]] | None = None, progress: bool = True,
+              eval_fn: Callable[[TrainEngine], dict[str, float]] | None = None, progress: bool = True,
               seed: int = 0, stop_at: float | None = None) -> dict[str, Any]:
     """Fine-tune ``model_path`` on ``examples`` and export the result to ``out_dir`` (atomic).
 
@@ -225,14 +226,14 @@ def exact_match_accuracy(model: torch.nn.Module, examples: Sequence[tuple[list[i
 
 
 def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Sequence[dict[str, Any]]
-                    ) -> tuple[list[Any], list[list[int]]]:
+                    ) -> tuple[list[tuple[list[int], list[int]] | Trajectory], list[list[int]]]:
     """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion (a
     :class:`Trajectory` of the whole episode for rows with a reference conversation), and the
     rendered prompt ids of every row (chat template with the generation prompt)."""
     from areal_agents.reference import reference_trajectory
 
     prompts: list[list[int]] = []
-    examples: list[Any] = []
+    examples: list[tuple[list[int], list[int]] | Trajectory] = []
     replayed: dict[str, Trajectory] = {}  # rows repeat: replay each conversation once
     for row in rows:
         conv = env.reference_conversation(row)
@@ -330,7 +331,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     if not examples:
         raise ConfigError("actor.path", f"env {cfg.env.name!r} gives no reference_completion for its rows, so the "
                           "tiny default model cannot be warm-started on it: set actor.path to a model")
-    eval_fn: Callable[[Any], dict[str, float]] | None = None
+    eval_fn: Callable[[TrainEngine], dict[str, float]] | None = None
     check = "exact_match" if exact else "episodes" if multi else "greedy"
     # the rendered eval rows, for the checks that run the model here (an episode check renders its own)
     test_examples, test_prompts = ([], []) if multi else render_examples(cfg, tokenizer, env, test_rows)
@@ -338,12 +339,12 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
         if exact:  # band checks: teacher-forced, one forward pass
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-            def eval_fn(engine: Any) -> dict[str, float]:
+            def eval_fn(engine: TrainEngine) -> dict[str, float]:
                 return {"acc": exact_match_accuracy(engine.model, test_examples, pad)}
         elif multi:
             eval_fn = stack.enter_context(episode_check(cfg, base, tokenizer, test_rows, out.with_name(f".{out.name}-check")))
         elif test_rows:
-            def eval_fn(engine: Any) -> dict[str, float]:
+            def eval_fn(engine: TrainEngine) -> dict[str, float]:
                 return {"acc": greedy_accuracy(engine.model, tokenizer, env, test_rows, test_prompts,
                                                max_new_tokens=cfg.sampling.max_new_tokens)}
         report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
