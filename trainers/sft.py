@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from areal_agents.env import Env
     from trainers.engine import TrainEngine
 
-__all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
+__all__ = ["SFTReport", "cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
            "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str] | Trajectory
@@ -82,10 +82,21 @@ def _trajectory(prompt: list[int], completion: list[int]) -> Trajectory:
                       versions=[-1] * n_p + [0] * n_c, turn_spans=[(n_p, n_p + n_c)])
 
 
+class SFTReport(TypedDict):
+    """What :func:`sft_train` did: the loss of each step, each eval (``{"step": n, **eval_fn(engine)}``),
+    whether an eval reached ``stop_at``, the seconds it took and where the model was written."""
+
+    loss: list[float]
+    evals: list[dict[str, float]]
+    stopped_early: bool
+    seconds: float
+    path: str
+
+
 def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], sft: SFTConfig, out_dir: str | os.PathLike[str],
               *, cfg: ExperimentConfig | None = None, tokenizer: Any = None,
               eval_fn: Callable[[TrainEngine], dict[str, float]] | None = None, progress: bool = True,
-              seed: int = 0, stop_at: float | None = None) -> dict[str, Any]:
+              seed: int = 0, stop_at: float | None = None) -> SFTReport:
     """Fine-tune ``model_path`` on ``examples`` and export the result to ``out_dir`` (atomic).
 
     ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos),
@@ -99,7 +110,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``, and while
     that value is under half of ``stop_at`` (the flat start of the curve) the next eval comes
     ``sft.warm_start_far_check_every`` steps later (when set).
-    Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir, "stopped_early": bool}``.
+    Returns an :class:`SFTReport`.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -119,7 +130,9 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps))
     rng = random.Random(seed)
     order: list[int] = []
-    history: dict[str, Any] = {"loss": [], "evals": [], "stopped_early": False}
+    losses: list[float] = []
+    evals: list[dict[str, float]] = []
+    stopped_early = False
     t0 = time.monotonic()
     next_eval = sft.eval_every
     columns = (TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -135,26 +148,26 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
                     rng.shuffle(order)
                 batch.append(pairs[order.pop()])
             metrics = engine.train_batch(batch, sft_loss, temperature=1.0, n_minibatches=1)
-            history["loss"].append(metrics["loss"])
+            losses.append(metrics["loss"])
             bar.update(task, advance=1, loss=metrics["loss"])
             if eval_fn is not None and sft.eval_every and step + 1 == next_eval and step + 1 < sft.steps:
                 result = {"step": step + 1, **eval_fn(engine)}
-                history["evals"].append(result)
+                evals.append(result)
                 bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
                 first = next(v for k, v in result.items() if k != "step")
                 if stop_at is not None and first >= stop_at:
-                    history["stopped_early"] = True
+                    stopped_early = True
                     bar.update(task, total=step + 1)
                     break
                 far = sft.warm_start_far_check_every if stop_at is not None and first < stop_at / 2 else None
                 next_eval += far or sft.eval_every
-        if eval_fn is not None and not history["stopped_early"]:
+        if eval_fn is not None and not stopped_early:
             result = {"step": sft.steps, **eval_fn(engine)}
-            history["evals"].append(result)
+            evals.append(result)
             bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
-    history["seconds"] = time.monotonic() - t0
-    history["path"] = str(engine.export_final(out_dir))
-    return history
+    seconds = time.monotonic() - t0
+    return {"loss": losses, "evals": evals, "stopped_early": stopped_early, "seconds": seconds,
+            "path": str(engine.export_final(out_dir))}
 
 
 @torch.no_grad()

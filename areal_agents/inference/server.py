@@ -16,11 +16,12 @@ import json
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from areal_agents.inference._engine import Engine, GenRequest
 
 _T = TypeVar("_T")
-
 _ENGINE: web.AppKey[Engine] = web.AppKey("engine")
 _STATE = web.AppKey("state", dict)
 _GROUPS = web.AppKey("weight_groups", WeightGroups)
@@ -50,8 +50,7 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[PreTrainedModel, 
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = torch.float32 if device == "cpu" else "auto"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    # transformers wraps ``to`` with a decorator whose annotation loses the bound model
-    return model.to(device), tokenizer  # type: ignore[arg-type]
+    return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers' decorated ``to`` loses its self
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -59,8 +58,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @web.middleware
-async def _errors(request: web.Request,
-                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as exc:
@@ -154,9 +152,8 @@ async def _stream(request: web.Request, spec: GenerateSpec, req: GenRequest, fut
     sent = 0
     try:
         while not fut.done():
-            waiter = asyncio.ensure_future(progress.get())
-            watched: list[asyncio.Future[Any]] = [waiter, fut]
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            waiter: asyncio.Future[Any] = asyncio.ensure_future(progress.get())
+            await asyncio.wait([waiter, fut], return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             n = len(req.output_ids)
             if not fut.done() and n > sent:
@@ -375,11 +372,9 @@ def create_app(engine: Engine, model_path: str, tokenizer_path: str | None = Non
                           ("/get_server_info", _server_info), ("/metrics", _metrics)):  # fmt: skip
         app.router.add_get(path, handler)
 
-    from areal_agents.openai_compat.http import add_serve_routes
+    from areal_agents.openai_compat.http import add_serve_routes  # OpenAI's /v1/chat/completions over /generate
 
-    # OpenAI-compatible /v1/chat/completions over this server's /generate. (transformers annotates
-    # ``decode`` as ``str | list[str]``; one id list decodes to one string, as the protocol says.)
-    add_serve_routes(app, engine.tokenizer)  # type: ignore[arg-type]
+    add_serve_routes(app, engine.tokenizer)  # type: ignore[arg-type]  # HF types decode as str | list[str]
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         if not engine.alive:

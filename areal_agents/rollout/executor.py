@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from areal_agents.config import RolloutConfig
 from areal_agents.failures import EpisodesFailed, failure_message
@@ -51,8 +51,6 @@ from areal_agents.rollout.staleness import StalenessBound
 from areal_agents.types import Trajectory, check_turn_discount
 
 __all__ = ["RolloutExecutor"]
-
-_T = TypeVar("_T")
 
 log = logging.getLogger("areal_agents.rollout")
 
@@ -153,7 +151,7 @@ class RolloutExecutor:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def run_coroutine(self, coro: Awaitable[_T], timeout: float | None = None) -> _T:
+    def run_coroutine(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         """Run ``coro`` on the executor's event loop and return its result (from another thread)."""
         if self._thread is None or self._state != "running":
             raise RuntimeError("rollout executor is not running")
