@@ -164,66 +164,123 @@ def ppo_loss(
     """
     mask = get_mask(batch)
     logp = token_tensor(logp, "logp", mask)
-    dtype = logp.dtype
-
-    def tok(key: str, needed_by: str) -> Tensor:
-        return token_tensor(require(batch, key, needed_by), f"batch[{key!r}]", mask).to(dtype)
-
-    adv = tok("advantages", "the policy loss")
-    behav = tok("logprobs", "the policy loss")
-    mode = cfg.imp_weight_mode
-    if cfg.use_decoupled_loss:
-        old = tok("prox_logp", "the decoupled loss (algorithm.use_decoupled_loss)")
-    elif mode != "none":
-        old = tok("prox_logp", f"the mismatch correction (algorithm.behave_imp_weight_mode={mode})")
-    elif cfg.recompute_logprob and "prox_logp" in batch:
-        old = tok("prox_logp", "the policy loss")
-    else:
-        old = behav
+    adv = _token(batch, "advantages", "the policy loss", mask, logp.dtype)
+    old, behav = _old_logprobs(batch, cfg, mask, logp.dtype)
     log_ratio = logp - old
     ratio = torch.exp(log_ratio)
-    high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
-    surr = -adv * ratio
-    surr_clipped = -adv * ratio.clamp(1.0 - cfg.eps_clip, 1.0 + high)
-    pg = torch.maximum(surr, surr_clipped)
-    stats: dict[str, Tensor] = {"train/clip_frac": aggregate((surr_clipped > surr).to(dtype), mask, "token-mean", norm)}
-    if cfg.c_clip is not None:
-        bound = -adv * cfg.c_clip
-        dual = (adv < 0) & (pg > bound)
-        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
-        stats["train/dual_clip_frac"] = aggregate(dual.to(dtype), mask, "token-mean", norm)
-    if mode != "none":
-        cap = cfg.behav_imp_weight_cap
-        weight, capped = behave_importance_weights(old, behav, mask, mode, cfg.behave_imp_weight_correction, cap)
-        pg = pg * weight
-        stats.update(weight_metrics(weight, capped, mask, norm.tokens))
-        if cfg.use_decoupled_loss:  # the names the decoupled loss has always logged
-            stats["train/imp_weight_mean"] = stats["train/behave_imp_weight"]
-            if cap is not None:
-                stats["train/imp_weight_capped_frac"] = stats["train/behave_imp_weight_capped_frac"]
+    pg, stats = _clipped_surrogate(ratio, adv, cfg, mask, norm)
+    pg, weight_stats = _importance_weighted(pg, old, behav, cfg, mask, norm)
+    stats.update(weight_stats)
     stats["train/approx_kl"] = aggregate((ratio - 1.0 - log_ratio).detach(), mask, "token-mean", norm)
     pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, norm)
-    loss = pg_loss
-    kl_as_loss = cfg.kl_ctl > 0 and not cfg.kl_in_reward
-    if kl_as_loss or "ref_logp" in batch:
-        ref = tok("ref_logp", "algorithm.kl_ctl > 0")
-        kl = kl_estimate(logp, ref, cfg.kl_estimator)
-        stats["train/kl_ref"] = aggregate(kl.detach(), mask, "token-mean", norm)
-        if kl_as_loss:
-            loss = loss + cfg.kl_ctl * aggregate(kl, mask, cfg.loss_agg_mode, norm)
-    if entropy is not None:
-        ent = token_tensor(entropy, "entropy", mask).to(dtype)
-        stats["train/entropy"] = aggregate(ent.detach(), mask, "token-mean", norm)
-        if cfg.entropy_coef != 0:
-            loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg_mode, norm)
-    elif cfg.entropy_coef != 0:
-        raise ValueError("algorithm.entropy_coef != 0 needs the token entropies: pass entropy=[B, T]")
+    loss, kl_stats = _add_kl(pg_loss, logp, batch, cfg, mask, norm)
+    stats.update(kl_stats)
+    loss, entropy_stats = _add_entropy(loss, entropy, cfg, mask, norm, logp.dtype)
+    stats.update(entropy_stats)
     if values is not None:
         v_loss, _ = value_loss(values, batch, cfg, norm)
         stats["train/value_loss"] = v_loss
         loss = loss + v_loss
     stats["train/pg_loss"] = pg_loss
     stats["train/loss"] = loss
+    return loss, _as_floats(stats)
+
+
+def _token(batch: Mapping[str, Tensor], key: str, needed_by: str, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``batch[key]`` ``[B, T]``, checked against ``mask`` ``[B, T]`` and cast to ``dtype``; a
+    missing key fails naming ``needed_by``."""
+    return token_tensor(require(batch, key, needed_by), f"batch[{key!r}]", mask).to(dtype)
+
+
+def _old_logprobs(batch: Mapping[str, Tensor], cfg: AlgorithmConfig, mask: Tensor,
+                  dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(old, behav)``, both ``[B, T]``: the logprobs the ratio is taken against and the
+    behaviour policy's (``batch["logprobs"]``). ``old`` is ``prox_logp`` for the decoupled loss and
+    any mismatch correction (required then), and with ``recompute_logprob`` when present;
+    otherwise it is ``behav``."""
+    behav = _token(batch, "logprobs", "the policy loss", mask, dtype)
+    mode = cfg.imp_weight_mode
+    if cfg.use_decoupled_loss:
+        return _token(batch, "prox_logp", "the decoupled loss (algorithm.use_decoupled_loss)", mask, dtype), behav
+    if mode != "none":
+        needed_by = f"the mismatch correction (algorithm.behave_imp_weight_mode={mode})"
+        return _token(batch, "prox_logp", needed_by, mask, dtype), behav
+    if cfg.recompute_logprob and "prox_logp" in batch:
+        return _token(batch, "prox_logp", "the policy loss", mask, dtype), behav
+    return behav, behav
+
+
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, cfg: AlgorithmConfig, mask: Tensor,
+                       norm: LossNorm) -> tuple[Tensor, dict[str, Tensor]]:
+    """The per-token PPO objective to minimise, ``[B, T]``, from ``ratio`` and ``adv`` ``[B, T]``:
+    ``max(-A r, -A clip(r, 1 - eps_clip, 1 + eps_clip_high))``, then with ``c_clip`` and ``A < 0``
+    at most ``-c_clip A``. Metrics (scalars): ``train/clip_frac`` and, with ``c_clip``,
+    ``train/dual_clip_frac``."""
+    high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    surr = -adv * ratio
+    surr_clipped = -adv * ratio.clamp(1.0 - cfg.eps_clip, 1.0 + high)
+    pg = torch.maximum(surr, surr_clipped)
+    stats = {"train/clip_frac": aggregate((surr_clipped > surr).to(ratio.dtype), mask, "token-mean", norm)}
+    if cfg.c_clip is not None:
+        bound = -adv * cfg.c_clip
+        dual = (adv < 0) & (pg > bound)
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+        stats["train/dual_clip_frac"] = aggregate(dual.to(ratio.dtype), mask, "token-mean", norm)
+    return pg, stats
+
+
+def _importance_weighted(pg: Tensor, old: Tensor, behav: Tensor, cfg: AlgorithmConfig, mask: Tensor,
+                         norm: LossNorm) -> tuple[Tensor, dict[str, Tensor]]:
+    """``pg`` ``[B, T]`` times the detached behaviour importance weight of ``old`` vs ``behav``
+    (``[B, T]``; :func:`~algorithms.importance.behave_importance_weights`), with its metrics;
+    ``pg`` unchanged and no metrics when ``imp_weight_mode`` is ``none``. The decoupled loss also
+    logs them under its historical names (``train/imp_weight_*``)."""
+    mode = cfg.imp_weight_mode
+    if mode == "none":
+        return pg, {}
+    cap = cfg.behav_imp_weight_cap
+    weight, capped = behave_importance_weights(old, behav, mask, mode, cfg.behave_imp_weight_correction, cap)
+    stats = dict(weight_metrics(weight, capped, mask, norm.tokens))
+    if cfg.use_decoupled_loss:
+        stats["train/imp_weight_mean"] = stats["train/behave_imp_weight"]
+        if cap is not None:
+            stats["train/imp_weight_capped_frac"] = stats["train/behave_imp_weight_capped_frac"]
+    return pg * weight, stats
+
+
+def _add_kl(loss: Tensor, logp: Tensor, batch: Mapping[str, Tensor], cfg: AlgorithmConfig, mask: Tensor,
+            norm: LossNorm) -> tuple[Tensor, dict[str, Tensor]]:
+    """``loss`` (scalar) plus ``kl_ctl * KL(pi || ref)`` of ``logp`` vs ``batch["ref_logp"]``
+    (``[B, T]``) unless ``kl_in_reward``; ``train/kl_ref`` whenever ``ref_logp`` is there."""
+    kl_as_loss = cfg.kl_ctl > 0 and not cfg.kl_in_reward
+    if not (kl_as_loss or "ref_logp" in batch):
+        return loss, {}
+    ref = _token(batch, "ref_logp", "algorithm.kl_ctl > 0", mask, logp.dtype)
+    kl = kl_estimate(logp, ref, cfg.kl_estimator)
+    stats = {"train/kl_ref": aggregate(kl.detach(), mask, "token-mean", norm)}
+    if kl_as_loss:
+        loss = loss + cfg.kl_ctl * aggregate(kl, mask, cfg.loss_agg_mode, norm)
+    return loss, stats
+
+
+def _add_entropy(loss: Tensor, entropy: Tensor | None, cfg: AlgorithmConfig, mask: Tensor, norm: LossNorm,
+                 dtype: torch.dtype) -> tuple[Tensor, dict[str, Tensor]]:
+    """``loss`` (scalar) minus ``entropy_coef * H`` of the token entropies ``[B, T]`` (cast to
+    ``dtype``, the policy logprobs'), and ``train/entropy``; without entropies ``entropy_coef``
+    must be 0."""
+    if entropy is None:
+        if cfg.entropy_coef != 0:
+            raise ValueError("algorithm.entropy_coef != 0 needs the token entropies: pass entropy=[B, T]")
+        return loss, {}
+    ent = token_tensor(entropy, "entropy", mask).to(dtype)
+    stats = {"train/entropy": aggregate(ent.detach(), mask, "token-mean", norm)}
+    if cfg.entropy_coef != 0:
+        loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg_mode, norm)
+    return loss, stats
+
+
+def _as_floats(stats: Mapping[str, Tensor]) -> dict[str, float]:
+    """Scalar tensor metrics as floats, in one device-to-host copy."""
     names = list(stats)
     numbers = torch.stack([stats[k].detach().to(torch.float64) for k in names]).tolist()
-    return loss, dict(zip(names, numbers, strict=True))
+    return dict(zip(names, numbers, strict=True))

@@ -19,10 +19,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from areal_agents.config import AlgorithmConfig
 from areal_agents.registry import load_object
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from algorithms.losses import LossNorm
 
 __all__ = [
     "DAPO",
@@ -33,14 +38,37 @@ __all__ = [
     "PPO",
     "REINFORCE_PP",
     "RLOO",
+    "AdvantageFn",
     "AlgorithmSpec",
+    "LossFn",
     "get_algorithm",
 ]
 
 _FIELDS = {f.name for f in dataclasses.fields(AlgorithmConfig)}
 
 
-def _label(obj: str | Callable[..., Any]) -> str:
+class AdvantageFn(Protocol):
+    """An advantage estimator, or a critic's value targets: ``fn(batch, cfg)``, ``batch`` the
+    collated tensors (``[B, T]`` per token, ``[B]`` per sequence) → ``[B, T]``."""
+
+    def __call__(self, batch: Mapping[str, Tensor], cfg: AlgorithmConfig, /) -> Tensor: ...
+
+
+class LossFn(Protocol):
+    """A loss: ``fn(logp, batch, cfg, norm, *, entropy=None, values=None) -> (loss, metrics)``.
+
+    ``logp`` ``[B, T]`` the current logprobs (with grad), ``batch`` the micro-batch, ``norm``
+    the whole batch's denominators, ``entropy`` / ``values`` ``[B, T]`` token entropies and
+    critic estimates; ``loss`` a scalar, ``metrics`` numbers (floats or scalar tensors) that sum
+    over micro-batches (see :mod:`algorithms.losses`).
+    """
+
+    def __call__(self, logp: Tensor, batch: Mapping[str, Tensor], cfg: AlgorithmConfig, norm: LossNorm, /, *,
+                 entropy: Tensor | None = None,
+                 values: Tensor | None = None) -> tuple[Tensor, Mapping[str, float | Tensor]]: ...
+
+
+def _label(obj: object) -> str:
     if isinstance(obj, str):
         return obj
     return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
@@ -61,13 +89,13 @@ class AlgorithmSpec:
     """
 
     name: str
-    advantage: str | Callable[..., Any]
-    loss: str | Callable[..., Any] = "algorithms.losses:ppo_loss"
+    advantage: str | AdvantageFn
+    loss: str | LossFn = "algorithms.losses:ppo_loss"
     defaults: Mapping[str, Any] = field(default_factory=dict)
     needs_critic: bool = False
     description: str = ""
     formula: str = ""
-    value_targets: str | Callable[..., Any] | None = None
+    value_targets: str | AdvantageFn | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.defaults) - _FIELDS)
@@ -87,26 +115,28 @@ class AlgorithmSpec:
     def __repr__(self) -> str:
         return f"AlgorithmSpec({self.name!r}, advantage={_label(self.advantage)}, loss={_label(self.loss)})"
 
-    def _resolve(self, what: str) -> Callable[..., Any]:
+    def _resolve(self, what: str) -> Callable[..., object]:
+        """The callable ``what`` names, imported on first use. Only its callability is checked
+        here: its signature is the protocol's (:class:`AdvantageFn`, :class:`LossFn`) by contract."""
         obj = getattr(self, what)
-        fn = load_object(obj) if isinstance(obj, str) else obj
+        fn: object = load_object(obj) if isinstance(obj, str) else obj
         if not callable(fn):
             raise TypeError(f"algorithm {self.name!r}: {what} {_label(obj)} is not callable")
-        return fn  # type: ignore[no-any-return]
+        return fn
 
-    def advantage_fn(self) -> Callable[..., Any]:
+    def advantage_fn(self) -> AdvantageFn:
         """The advantage estimator ``fn(batch, cfg) -> Tensor [B, T]`` (imported on first use)."""
-        return self._resolve("advantage")
+        return cast("AdvantageFn", self._resolve("advantage"))
 
-    def loss_fn(self) -> Callable[..., Any]:
+    def loss_fn(self) -> LossFn:
         """The loss ``fn(logp, batch, cfg, norm, *, entropy=None, values=None)``."""
-        return self._resolve("loss")
+        return cast("LossFn", self._resolve("loss"))
 
-    def value_targets_fn(self) -> Callable[..., Any]:
+    def value_targets_fn(self) -> AdvantageFn:
         """The critic's targets ``fn(batch, cfg) -> Tensor [B, T]`` (an algorithm with a critic)."""
         if self.value_targets is None:
             raise ValueError(f"algorithm {self.name!r} has no critic, so no value targets")
-        return self._resolve("value_targets")
+        return cast("AdvantageFn", self._resolve("value_targets"))
 
     def needs_reference(self, cfg: AlgorithmConfig) -> bool:
         """Whether a frozen reference model is needed: ``kl_ctl > 0``."""

@@ -105,7 +105,7 @@ async def checked_step(env: Env, action: str) -> EnvStep:
     return EnvStep(obs, reward, bool(terminated), bool(truncated), info)
 
 
-def env_state_key(info: Any) -> str | None:
+def env_state_key(info: object) -> str | None:
     """The env's name for the state the next turn acts in: ``info["state_key"]`` of its ``reset``
     or ``step`` as a str, or None (then the llm hashes the observation, :func:`~areal_agents.llm.observation_key`)."""
     key = info.get("state_key") if isinstance(info, dict) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from areal_agents.env import TurnLimitedEnv
+from areal_agents.env import Observation, TurnLimitedEnv
 
 __all__ = ["MathEnv"]
 
@@ -31,7 +31,7 @@ class MathEnv(TurnLimitedEnv):
         "trainer": {"total_steps": 200, "save_every": 50},
         "eval": {"every": 50},
     }
-    required_fields = ("prompt", "answer")
+    required_fields: ClassVar[tuple[str, ...]] = ("prompt", "answer")
 
     def __init__(self, reward: str = "math") -> None:
         super().__init__(max_turns=1)
@@ -40,7 +40,7 @@ class MathEnv(TurnLimitedEnv):
     def play_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
         return _scored(*self.compute_reward(self.reward, action, row))
 
-    async def aplay_turn(self, action: str, row: dict[str, Any]) -> tuple[str, float, bool, dict[str, Any]]:
+    async def aplay_turn(self, action: str, row: dict[str, Any]) -> tuple[Observation, float, bool, dict[str, Any]]:
         if type(self).play_turn is not MathEnv.play_turn:  # a subclass's turn runs as it was written
             return await super().aplay_turn(action, row)
         return _scored(*await self.acompute_reward(self.reward, action, row))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import Any, ClassVar
 
 from areal_agents.env import Observation, TurnLimitedEnv
 from areal_agents.tools.calls import parse_tool_calls
@@ -106,7 +106,7 @@ class UnitConvertEnv(TurnLimitedEnv):
     on). ``max_turns`` replies truncate the episode."""
 
     default_dataset = "unit-convert"
-    default_config: dict[str, Any] = {
+    default_config: ClassVar[dict[str, Any]] = {
         "agent": {"name": "unit-convert"},
         "sampling": {"max_new_tokens": 40},
         # episodes are ~85 tokens, ~5x the sums of ``math``: small warm-start batches (the SFT

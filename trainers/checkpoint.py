@@ -24,7 +24,8 @@ import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -39,9 +40,10 @@ from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
 if TYPE_CHECKING:
-    from trainers.engine import TrainEngine
+    from areal_agents.rollout.interface import RolloutState
+    from trainers.engine import ShardedModel, TrainEngine
 
-__all__ = ["CheckpointMismatch", "Checkpointer", "find_latest", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointMismatch", "Checkpointer", "Restored", "find_latest", "rng_state", "set_rng_state"]
 
 _PREFIX = "step_"
 
@@ -87,6 +89,23 @@ def _save_error(exc: BaseException, where: Path) -> Exception:
     return RuntimeError(f"cannot write checkpoint {where}: {last}")
 
 
+def _optimizer(sm: ShardedModel, name: str) -> torch.optim.Optimizer:
+    if sm.optimizer is None:
+        raise ValueError(f"checkpoint: the {name} model has no optimiser (only trained models are checkpointed)")
+    return sm.optimizer
+
+
+class Restored(TypedDict):
+    """What :meth:`Checkpointer.load` hands back besides the restored engine: the step and weight
+    version to go on from, the rollout's state, the caller's extras, and the checkpoint's path."""
+
+    step: int
+    version: int
+    rollout: RolloutState | None
+    extra: dict[str, Any] | None
+    path: str
+
+
 class CheckpointMismatch(ValueError):
     """The newest checkpoint was written by a run that differs in what resuming needs."""
 
@@ -108,7 +127,7 @@ class Checkpointer:
 
     # -- model state ----------------------------------------------------------------------
     @staticmethod
-    def _options(engine: TrainEngine) -> Any:
+    def _options(engine: TrainEngine) -> StateDictOptions | None:
         """With LoRA a checkpoint holds what trains (adapters, value head) and its optimiser
         state, not the frozen base weights, which come from ``actor.path`` again."""
         lora = getattr(engine, "lora", None) is not None
@@ -118,11 +137,11 @@ class Checkpointer:
     def _model_states(cls, engine: TrainEngine) -> dict[str, Any]:
         out = {}
         for name, sm in engine.trainable().items():
-            model_sd, optim_sd = get_state_dict(sm.model, sm.optimizer, options=cls._options(engine))
+            model_sd, optim_sd = get_state_dict(sm.model, _optimizer(sm, name), options=cls._options(engine))
             out[name] = {"model": model_sd, "optim": optim_sd}
         return out
 
-    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: Any = None,
+    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: RolloutState | None = None,
              extra: dict[str, Any] | None = None) -> Path:
         """Write checkpoint ``step`` atomically and point ``latest`` at it; return its path."""
         name = f"{_PREFIX}{step:08d}"
@@ -160,7 +179,7 @@ class Checkpointer:
         for _, p in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(p, ignore_errors=True)
 
-    def load(self, engine: TrainEngine, path: str | os.PathLike[str]) -> dict[str, Any]:
+    def load(self, engine: TrainEngine, path: str | os.PathLike[str]) -> Restored:
         """Restore ``engine`` (models, optimisers, schedules, RNG) from ``path``; return
         ``{"step", "version", "rollout", "extra", "path"}``."""
         path = Path(path)
@@ -169,7 +188,7 @@ class Checkpointer:
         states = self._model_states(engine)
         dcp.load(states, checkpoint_id=str(path / "model"))
         for name, sm in engine.trainable().items():
-            set_state_dict(sm.model, sm.optimizer, model_state_dict=states[name]["model"],
+            set_state_dict(sm.model, _optimizer(sm, name), model_state_dict=states[name]["model"],
                            optim_state_dict=states[name]["optim"], options=self._options(engine))
         state = torch.load(path / "state.pt", weights_only=False)
         for name, sd in state["schedulers"].items():
@@ -199,7 +218,7 @@ class Checkpointer:
             raise CheckpointMismatch(f"{latest} belongs to another run: {diff}")
         return Path(latest)
 
-    def load_latest(self, engine: TrainEngine) -> dict[str, Any] | None:
+    def load_latest(self, engine: TrainEngine) -> Restored | None:
         """Load :meth:`latest` into ``engine``; None if there is no checkpoint."""
         latest = self.latest()
         return None if latest is None else self.load(engine, latest)
@@ -227,7 +246,7 @@ class Checkpointer:
         return self._stop
 
     @contextlib.contextmanager
-    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, Any]]) -> Iterator[Checkpointer]:
+    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, RolloutState | None]]) -> Iterator[Checkpointer]:
         """While inside, SIGTERM requests a save instead of killing the process.
 
         The loop should check :meth:`stop_requested` at each step boundary and leave; on the
@@ -236,7 +255,7 @@ class Checkpointer:
         batch: nothing to finish, and they may wait long) SIGTERM interrupts it at once
         (:func:`areal_agents.runtime.stopping.interrupt`). A second SIGTERM terminates at once.
         """
-        def handler(signum: int, frame: Any) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
             if self._stop:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)

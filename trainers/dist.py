@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,8 @@ __all__ = [
     "torchrun_command",
 ]
 
+_T = TypeVar("_T")
+
 
 def get_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -45,7 +47,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: _T, src: int = 0) -> _T:
     """Rank ``src``'s ``obj`` on every rank (identity at world size 1)."""
     if get_world_size() == 1:
         return obj
@@ -88,7 +90,7 @@ def build_mesh(device: str, hsdp_replicate: int = 1) -> DeviceMesh:
     return init_device_mesh(device, (hsdp_replicate, world // hsdp_replicate), mesh_dim_names=("replicate", "shard"))
 
 
-def _spawn_entry(rank: int, fn: Callable[..., Any], world: int, port: int, args: tuple[Any, ...]) -> None:
+def _spawn_entry(rank: int, fn: Callable[..., object], world: int, port: int, args: tuple[object, ...]) -> None:
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
@@ -104,7 +106,7 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> None:
+def spawn(fn: Callable[..., object], nprocs: int, *args: object) -> None:
     """Run ``fn(rank, world_size, *args)`` in ``nprocs`` fresh processes with the torchrun
     environment set; raises if any rank fails. ``fn`` must be importable (module level)."""
     import torch.multiprocessing as mp

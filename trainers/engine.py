@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from algorithms.losses import LossNorm, combine_metrics, metric_reduction
+from algorithms.specs import LossFn
 from areal_agents.config import ExperimentConfig
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
@@ -43,10 +43,13 @@ from trainers.lora import (
     write_adapter_dir,
 )
 from trainers.prompt_packing import Packed, pack_prompts
+from trainers.value_model import ValueModel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["LossFn", "ShardedModel", "TrainEngine", "ValueModel", "lr_lambda", "token_logprobs"]
 
-LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -73,25 +76,14 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return torch.nn.functional.pad(logp, (1, 0)), ent
 
 
-class ValueModel(nn.Module):
-    """A critic: the transformer body of a causal LM and a linear value head (one output per token)."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.body = lm.get_submodule(lm.base_model_prefix)
-        self.config = lm.config
-        hidden = int(lm.config.hidden_size)
-        self.value_weight = nn.Parameter(torch.randn(hidden) * (1.0 / hidden**0.5) * 0.1)
-        self.value_bias = nn.Parameter(torch.zeros(1))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                use_cache: bool = False) -> torch.Tensor:
-        """``input_ids`` [B,T] → per-position values [B,T] (position ``t`` sees tokens ``<= t``)."""
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache).last_hidden_state
-        return (hidden * self.value_weight.to(hidden.dtype)).sum(-1) + self.value_bias.to(hidden.dtype)
-
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.body.gradient_checkpointing_enable(**kwargs)
+def _plain_tensors(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    """``state`` (a full, unsharded model state dict: every value a tensor) as a dict of tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"model state {key!r}: a full state dict holds tensors, got {type(value).__name__}")
+        out[key] = value
+    return out
 
 
 class ShardedModel:
@@ -102,7 +94,7 @@ class ShardedModel:
     before sharding and only they (and a critic's value head) train and are in the optimiser.
     """
 
-    def __init__(self, cfg: ExperimentConfig, path: Path, mesh: Any, device: torch.device, *, kind: str,
+    def __init__(self, cfg: ExperimentConfig, path: Path, mesh: DeviceMesh, device: torch.device, *, kind: str,
                  lr: float | None, total_steps: int) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -251,7 +243,7 @@ class TrainEngine:
             return dict(data)
         return collate(list(data), pad_token_id=self.pad_token_id)
 
-    def _all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+    def _all_reduce(self, t: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         if self.world > 1:
             t = t.to(self.device)
             dist.all_reduce(t, op=op)
@@ -357,12 +349,12 @@ class TrainEngine:
         norm = self.loss_norm(batch, mine)
         grad_entropy = self.cfg.algorithm.entropy_coef > 0
         total_loss = 0.0
-        parts: list[Mapping[str, Any]] = []
+        parts: list[Mapping[str, float]] = []
         real = padded = 0
         for rows in mbs:
             if not rows:  # keep collectives in step with ranks that have more micro-batches
                 dummy = self._dummy()
-                zero = sum(m.forward(dummy, self.device, temp)[0].sum() for m in self.trainable().values())
+                zero = torch.stack([m.forward(dummy, self.device, temp)[0].sum() for m in self.trainable().values()]).sum()
                 (zero * 0.0).backward()
                 continue
             mb = select(batch, rows)
@@ -402,12 +394,13 @@ class TrainEngine:
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded policy parameters on CPU (collective: every rank must call)."""
-        return get_model_state_dict(self.actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return _plain_tensors(get_model_state_dict(self.actor.model, options=opts))
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's LoRA adapter, unsharded on CPU, under PEFT's saved names (collective)."""
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        state = get_model_state_dict(self.actor.model, options=opts)  # (it adds tied output embeddings)
+        state = _plain_tensors(get_model_state_dict(self.actor.model, options=opts))  # (it adds tied output embeddings)
         return {adapter_key(k): v for k, v in state.items() if is_adapter_key(k)}
 
     def export_hf(self, out_dir: str | os.PathLike[str], *, merged: bool = False, durable: bool = True) -> Path:

@@ -8,11 +8,14 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from areal_agents.config import DTYPES
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["TORCH_DTYPES", "fsync_dir", "publish_dir", "write_hf_dir", "write_model_dir"]
 
@@ -77,7 +80,7 @@ def write_model_dir(out_dir: str | os.PathLike[str], src_dir: str | os.PathLike[
         shutil.rmtree(tmp, ignore_errors=True)  # gone already once published
 
 
-def write_hf_dir(state: dict[str, torch.Tensor], hf_config: Any, src_dir: str | os.PathLike[str],
+def write_hf_dir(state: dict[str, torch.Tensor], hf_config: PretrainedConfig, src_dir: str | os.PathLike[str],
                  out_dir: str | os.PathLike[str], dtype: torch.dtype, *, durable: bool = True) -> Path:
     """Write ``state`` as ``model.safetensors`` + ``config.json`` + the tokenizer/generation
     files of ``src_dir`` into ``out_dir``, atomically (:func:`publish_dir`, ``durable`` as there).

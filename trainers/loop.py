@@ -37,6 +37,7 @@ from areal_agents.inference.launcher import inference_servers
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.evaluation import run_eval
+from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
@@ -47,7 +48,7 @@ from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.rollout_only import write_rollouts
 from trainers.sft import ensure_warm_model
-from trainers.weight_sync import make_weight_sync
+from trainers.weight_sync import WeightSync, make_weight_sync
 
 __all__ = ["build_engine", "cli_run", "run", "train_step"]
 
@@ -181,11 +182,13 @@ class _Rank0:
             else:
                 self.executor.start()
 
-    def state_dict(self) -> dict[str, Any] | None:
+    def state_dict(self) -> RolloutState | None:
         return self.executor.state_dict() if self.executor is not None else None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: RolloutState | None) -> None:
         if self.executor is not None:
+            if state is None:
+                raise ValueError("invalid rollout state (the checkpoint holds none)")
             self.executor.load_state_dict(state)
 
     def eval(self) -> dict[str, Any]:
@@ -318,7 +321,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, r0: _Rank0, ckpt: Checkpointer,
                    resume_from: Path | None, stack: contextlib.ExitStack, display: RunDisplay
-                   ) -> tuple[TrainEngine, Any, int, int]:
+                   ) -> tuple[TrainEngine, WeightSync, int, int]:
     """Step 3 of :func:`run`: the engine and the weight sync (closed with ``stack``), recovered
     from ``resume_from`` when given; returns them with the step and weight version to go on from."""
     _trainer_threads(cfg)
@@ -337,7 +340,7 @@ def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, 
     return engine, sync, step, version
 
 
-def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0: _Rank0, sync: Any,
+def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0: _Rank0, sync: WeightSync,
              display: RunDisplay, version: int, ckpt: Checkpointer) -> tuple[dict[str, Any], list[Trajectory]]:
     """Steps 4 and 5 of :func:`run`: rank 0 waits for a batch of finished groups and every rank
     trains on it; then the new weights (``version``) go to the servers while rollout is paused.

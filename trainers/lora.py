@@ -16,6 +16,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def _peft() -> Any:
+def _peft() -> ModuleType:
     try:
         import peft
     except ImportError:

@@ -8,15 +8,18 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import LoggingConfig
 from areal_agents.types import Trajectory
 
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
 __all__ = ["MetricsLogger"]
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> object:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -32,7 +35,7 @@ class MetricsLogger:
         self.history: list[dict[str, Any]] = []
         self._metrics = open(self.run_dir / "metrics.jsonl", "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
         self._samples = open(self.run_dir / "samples.jsonl", "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
-        self._tb: Any = None
+        self._tb: SummaryWriter | None = None
         self._wandb: Any = None
         if cfg.tensorboard:
             with contextlib.suppress(ImportError):  # tensorboard is optional

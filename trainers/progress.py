@@ -12,6 +12,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -26,7 +27,7 @@ __all__ = ["RunDisplay", "SignalWatch"]
 log = logging.getLogger("areal_agents.run")
 
 
-def _fmt(value: Any, spec: str = ".3f") -> str:
+def _fmt(value: object, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
@@ -89,8 +90,8 @@ class RunDisplay:
             _StatsColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, disable=not enabled, transient=False,
         )
-        self._task: Any = None
-        self._accuracy: Any = None
+        self._task: TaskID | None = None
+        self._accuracy: object = None
         self.signal = SignalWatch(cfg.rollout.no_signal_warn_steps)
 
     def start(self, total: int, done: int = 0) -> None:

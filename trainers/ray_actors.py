@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from areal_agents.config import ExperimentConfig
 from areal_agents.inference.launcher import ServerGroup, free_port, launch_servers
 from areal_agents.runtime.lifeline import PARENT_PID_ENV
 
@@ -68,7 +69,7 @@ def _kill_group(pid_file: Path) -> None:
 class ServerActor:
     """Inference server ``index`` of a run, launched on this actor's node."""
 
-    def __init__(self, cfg: Any, model_path: str, index: int, log_dir: str) -> None:
+    def __init__(self, cfg: ExperimentConfig, model_path: str, index: int, log_dir: str) -> None:
         self.info = node_info()
         cfg = copy.deepcopy(cfg)
         cfg.inference.host = self.info["ip"]  # reachable from the other nodes

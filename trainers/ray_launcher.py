@@ -28,7 +28,9 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from areal_agents.config import ConfigError, ExperimentConfig
@@ -311,11 +313,11 @@ class RayRun(contextlib.AbstractContextManager["RayRun"]):
         self.servers, self.ranks, self.pgs = [], [], []
         ray.shutdown()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
@@ -333,7 +335,7 @@ def run_on_ray(cfg: ExperimentConfig) -> int:
         model_path = str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     model_path = str(Path(model_path).resolve())
     t0 = time.monotonic()
-    previous: Any = None
+    previous: Callable[[int, FrameType | None], object] | int | None = None
     try:
         with RayRun(cfg, model_path) as job:
             job.connect()

@@ -18,18 +18,23 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from areal_agents.config import ConfigError, ExperimentConfig, LoraConfig, SFTConfig
+from algorithms.losses import LossNorm
+from areal_agents.config import AlgorithmConfig, ConfigError, ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.types import Trajectory
 from trainers.warm_check import episode_check, is_multi_turn
 
-__all__ = ["cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
+if TYPE_CHECKING:
+    from areal_agents.env import Env
+    from trainers.engine import TrainEngine
+
+__all__ = ["SFTReport", "cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
            "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str] | Trajectory
@@ -37,7 +42,7 @@ _CHECK_ROWS = 200
 _WARM_VERSION = 6  # bump when the warm start recipe changes, so cached models are rebuilt
 
 
-def sft_loss(logp: torch.Tensor, mb: dict[str, torch.Tensor], cfg: Any, norm: Any, *,
+def sft_loss(logp: torch.Tensor, mb: Mapping[str, torch.Tensor], cfg: AlgorithmConfig, norm: LossNorm, *,
              entropy: torch.Tensor | None = None, values: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean NLL over completion tokens of the whole batch: ``-Σ mask·logp / norm.tokens``.
@@ -77,10 +82,21 @@ def _trajectory(prompt: list[int], completion: list[int]) -> Trajectory:
                       versions=[-1] * n_p + [0] * n_c, turn_spans=[(n_p, n_p + n_c)])
 
 
+class SFTReport(TypedDict):
+    """What :func:`sft_train` did: the loss of each step, each eval (``{"step": n, **eval_fn(engine)}``),
+    whether an eval reached ``stop_at``, the seconds it took and where the model was written."""
+
+    loss: list[float]
+    evals: list[dict[str, float]]
+    stopped_early: bool
+    seconds: float
+    path: str
+
+
 def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], sft: SFTConfig, out_dir: str | os.PathLike[str],
               *, cfg: ExperimentConfig | None = None, tokenizer: Any = None,
-              eval_fn: Callable[[Any], dict[str, float]] | None = None, progress: bool = True,
-              seed: int = 0, stop_at: float | None = None) -> dict[str, Any]:
+              eval_fn: Callable[[TrainEngine], dict[str, float]] | None = None, progress: bool = True,
+              seed: int = 0, stop_at: float | None = None) -> SFTReport:
     """Fine-tune ``model_path`` on ``examples`` and export the result to ``out_dir`` (atomic).
 
     ``examples``: ``(prompt_ids, completion_ids)`` (the completion should end with eos),
@@ -94,7 +110,7 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     ``stop_at``, training stops at the first eval whose first value is ``>= stop_at``, and while
     that value is under half of ``stop_at`` (the flat start of the curve) the next eval comes
     ``sft.warm_start_far_check_every`` steps later (when set).
-    Returns ``{"loss": [...], "evals": [...], "seconds": s, "path": out_dir, "stopped_early": bool}``.
+    Returns an :class:`SFTReport`.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -114,7 +130,9 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
     engine = TrainEngine(exp, model_path, critic=False, total_steps=max(1, sft.steps))
     rng = random.Random(seed)
     order: list[int] = []
-    history: dict[str, Any] = {"loss": [], "evals": [], "stopped_early": False}
+    losses: list[float] = []
+    evals: list[dict[str, float]] = []
+    stopped_early = False
     t0 = time.monotonic()
     next_eval = sft.eval_every
     columns = (TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -130,30 +148,30 @@ def sft_train(model_path: str | os.PathLike[str], examples: Sequence[Example], s
                     rng.shuffle(order)
                 batch.append(pairs[order.pop()])
             metrics = engine.train_batch(batch, sft_loss, temperature=1.0, n_minibatches=1)
-            history["loss"].append(metrics["loss"])
+            losses.append(metrics["loss"])
             bar.update(task, advance=1, loss=metrics["loss"])
             if eval_fn is not None and sft.eval_every and step + 1 == next_eval and step + 1 < sft.steps:
                 result = {"step": step + 1, **eval_fn(engine)}
-                history["evals"].append(result)
+                evals.append(result)
                 bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
                 first = next(v for k, v in result.items() if k != "step")
                 if stop_at is not None and first >= stop_at:
-                    history["stopped_early"] = True
+                    stopped_early = True
                     bar.update(task, total=step + 1)
                     break
                 far = sft.warm_start_far_check_every if stop_at is not None and first < stop_at / 2 else None
                 next_eval += far or sft.eval_every
-        if eval_fn is not None and not history["stopped_early"]:
+        if eval_fn is not None and not stopped_early:
             result = {"step": sft.steps, **eval_fn(engine)}
-            history["evals"].append(result)
+            evals.append(result)
             bar.update(task, acc=" ".join(f"{k} {v:.2f}" for k, v in result.items() if k != "step"))
-    history["seconds"] = time.monotonic() - t0
-    history["path"] = str(engine.export_final(out_dir))
-    return history
+    seconds = time.monotonic() - t0
+    return {"loss": losses, "evals": evals, "stopped_early": stopped_early, "seconds": seconds,
+            "path": str(engine.export_final(out_dir))}
 
 
 @torch.no_grad()
-def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]],
+def greedy_accuracy(model: Any, tokenizer: Any, env: Env, rows: Sequence[dict[str, Any]],
                     prompts: Sequence[list[int]], max_new_tokens: int = 16, batch_size: int = 64) -> float:
     """Fraction of ``rows`` whose greedy completion equals the env's reference completion or
     gets reward >= 1 from ``env.step`` (checked only for the others: rewards run out of process).
@@ -187,7 +205,7 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Any, rows: Sequence[dict[st
 
 
 @torch.no_grad()
-def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[int]] | Trajectory], pad_token_id: int,
+def exact_match_accuracy(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]] | Trajectory], pad_token_id: int,
                          batch_size: int = 256) -> float:
     """Fraction of ``(prompt_ids, completion_ids + eos)`` pairs (or trajectories, trained where
     their loss mask is 1) whose greedy completion is exactly the reference, from one
@@ -220,15 +238,15 @@ def exact_match_accuracy(model: Any, examples: Sequence[tuple[list[int], list[in
     return hits / max(1, len(examples))
 
 
-def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Sequence[dict[str, Any]]
-                    ) -> tuple[list[Any], list[list[int]]]:
+def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Sequence[dict[str, Any]]
+                    ) -> tuple[list[tuple[list[int], list[int]] | Trajectory], list[list[int]]]:
     """``(prompt_ids, completion_ids + eos)`` for rows with a reference completion (a
     :class:`Trajectory` of the whole episode for rows with a reference conversation), and the
     rendered prompt ids of every row (chat template with the generation prompt)."""
     from areal_agents.llm.reference import reference_trajectory
 
     prompts: list[list[int]] = []
-    examples: list[Any] = []
+    examples: list[tuple[list[int], list[int]] | Trajectory] = []
     replayed: dict[str, Trajectory] = {}  # rows repeat: replay each conversation once
     for row in rows:
         conv = env.reference_conversation(row)
@@ -253,7 +271,7 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Any, rows: Seque
     return examples, prompts
 
 
-def _corpus_text(env: Any, row: dict[str, Any]) -> str:
+def _corpus_text(env: Env, row: dict[str, Any]) -> str:
     """The text of a row the tiny model's tokenizer learns from: its prompt and reference (a
     reference conversation as the tiny model's chat template renders it, tool specs included)."""
     conv = env.reference_conversation(row)
@@ -326,7 +344,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     if not examples:
         raise ConfigError("actor.path", f"env {cfg.env.name!r} gives no reference_completion for its rows, so the "
                           "tiny default model cannot be warm-started on it: set actor.path to a model")
-    eval_fn: Callable[[Any], dict[str, float]] | None = None
+    eval_fn: Callable[[TrainEngine], dict[str, float]] | None = None
     check = "exact_match" if exact else "episodes" if multi else "greedy"
     # the rendered eval rows, for the checks that run the model here (an episode check renders its own)
     test_examples, test_prompts = ([], []) if multi else render_examples(cfg, tokenizer, env, test_rows)
@@ -334,12 +352,12 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
         if exact:  # band checks: teacher-forced, one forward pass
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-            def eval_fn(engine: Any) -> dict[str, float]:
+            def eval_fn(engine: TrainEngine) -> dict[str, float]:
                 return {"acc": exact_match_accuracy(engine.model, test_examples, pad)}
         elif multi:
             eval_fn = stack.enter_context(episode_check(cfg, base, tokenizer, test_rows, out.with_name(f".{out.name}-check")))
         elif test_rows:
-            def eval_fn(engine: Any) -> dict[str, float]:
+            def eval_fn(engine: TrainEngine) -> dict[str, float]:
                 return {"acc": greedy_accuracy(engine.model, tokenizer, env, test_rows, test_prompts,
                                                max_new_tokens=cfg.sampling.max_new_tokens)}
         report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,

@@ -24,12 +24,13 @@ import torch.distributed as tdist
 from areal_agents.config import ExperimentConfig
 
 if TYPE_CHECKING:
+    from areal_agents.env import Env
     from trainers.engine import TrainEngine
 
 __all__ = ["episode_check", "is_multi_turn"]
 
 
-def is_multi_turn(cfg: ExperimentConfig, env: Any, row: dict[str, Any]) -> bool:
+def is_multi_turn(cfg: ExperimentConfig, env: Env, row: dict[str, Any]) -> bool:
     """Whether an episode of ``env`` can take more than one reply (as far as the agent lets it),
     or is taught by a whole reference conversation (``row`` stands for the env's rows)."""
     turns = min(int(getattr(env, "max_turns", 1) or 1), cfg.agent.max_turns)

@@ -27,7 +27,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -37,6 +37,12 @@ from trainers import dist as tdist
 from trainers.hf_io import TORCH_DTYPES
 from trainers.lora import adapter_config
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from areal_agents.config import ExperimentConfig
+    from trainers.engine import ShardedModel
+
 __all__ = ["DiskWeightSync", "DistributedWeightSync", "Policy", "WeightSync", "make_weight_sync"]
 
 
@@ -44,9 +50,9 @@ class Policy(Protocol):
     """What a weight sync needs of the trainer (:class:`~trainers.engine.TrainEngine`)."""
 
     rank: int
-    cfg: Any
+    cfg: ExperimentConfig
     model_path: Path
-    actor: Any  # its .model: the wrapped policy, whose adapter names its target modules
+    actor: ShardedModel  # its .model: the wrapped policy, whose adapter names its target modules
 
     def export_hf(self, out_dir: str | os.PathLike[str], *, durable: bool = True) -> Path: ...
 
@@ -167,7 +173,7 @@ class DistributedWeightSync(WeightSync):
         self.backend, self.server_world, self.group_name, self.timeout_s = backend, server_world, group_name, timeout_s
         self.master_address, self.master_port = master_address, master_port
         self.fallback = fallback
-        self.group: Any = None
+        self.group: ProcessGroup | None = None
         self._formed = 0  # groups made so far
         self._id = uuid.uuid4().hex[:8]
         self.members: list[str] = []  # the servers of the current group, in rank order
@@ -182,7 +188,7 @@ class DistributedWeightSync(WeightSync):
     def world_size(self, n_servers: int | None = None) -> int:
         return 1 + (len(self.addresses) if n_servers is None else n_servers) * self.server_world
 
-    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None) -> list[dict[str, Any]]:
+    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None) -> list[protocol.InitGroupBody]:
         """Body of ``/init_weights_update_group`` for each server, in order (``port``: the
         trainer's store, ``master_port`` unless given)."""
         servers = self.addresses if servers is None else servers
@@ -193,11 +199,11 @@ class DistributedWeightSync(WeightSync):
                 for i in range(len(servers))]
 
     def update_payload(self, state: dict[str, torch.Tensor], version: int,
-                       lora: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                       lora: tuple[str, dict[str, Any]] | None = None) -> protocol.UpdateFromDistributedBody:
         """Body of ``/update_weights_from_distributed`` announcing ``state``'s tensors in broadcast
         order (``lora``: ``(name, adapter_config)`` when they are a LoRA adapter)."""
         body = protocol.update_weights_from_distributed_payload(
-            list(state), [t.dtype for t in state.values()], [list(t.shape) for t in state.values()],
+            list(state), [str(t.dtype) for t in state.values()], [list(t.shape) for t in state.values()],
             version=version, group_name=self.current_name)
         if lora is not None:
             body["lora_name"], body["lora_config"] = lora
@@ -243,10 +249,13 @@ class DistributedWeightSync(WeightSync):
         if self.group is None or up != self.members:
             self._init_group(up)
         payload = self.update_payload(state, version) if lora is None else self.update_payload(state, version, lora)
+        group = self.group
+        if group is None:
+            raise RuntimeError("the weight update group was not formed")
 
         def broadcast() -> None:
             for t in state.values():
-                self.group.broadcast(t.cuda() if self.backend == "nccl" else t, 0).wait()
+                group.broadcast(t.cuda() if self.backend == "nccl" else t, 0).wait()
 
         self._while(lambda: control.update_weights_from_distributed(up, payload, timeout=self.timeout_s),
                     broadcast)
@@ -282,7 +291,7 @@ class DistributedWeightSync(WeightSync):
         self.group, self.members = None, []
 
 
-def make_weight_sync(cfg: Any, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
+def make_weight_sync(cfg: ExperimentConfig, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
     """The weight sync ``trainer.weight_sync`` selects: ``disk``, or a broadcast over ``nccl``
     (SGLang on GPUs) or ``gloo`` (embedded servers), which falls back to disk when it fails."""
     # SGLang updates only while generation is paused; a broadcast pauses too, as the pause is

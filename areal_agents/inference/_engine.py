@@ -16,16 +16,21 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from areal_agents.inference._kv import BatchKV
 from areal_agents.inference._lora import LoraAdapter, LoraSet
 from areal_agents.inference._sampling import prompt_logprobs, sample_next, scaled_logprobs, top_logprobs
-from areal_agents.inference.protocol import GenerateSpec
+from areal_agents.inference.protocol import GenerateSpec, TopRow
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["Engine", "GenRequest"]
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -43,9 +48,9 @@ class GenRequest:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
-    output_top: list[tuple[list[float], list[int]] | None] = field(default_factory=list)
+    output_top: list[TopRow] = field(default_factory=list)
     input_logprobs: list[float | None] | None = None
-    input_top: list[tuple[list[float], list[int]] | None] | None = None
+    input_top: list[TopRow] | None = None
     finish: dict[str, Any] | None = None
     matched_stop: str | None = None
     error: str | None = None
@@ -62,8 +67,8 @@ class Engine:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         max_batch_size: int = 64,
         weight_version: str = "0",
@@ -120,9 +125,9 @@ class Engine:
             self._waiting.append(req)
             self._cond.notify()
 
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    def call(self, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
         """Run ``fn()`` on the decode thread at the next token boundary."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[_T] = concurrent.futures.Future()
         with self._cond:
             if not self.alive:
                 fut.set_exception(RuntimeError("decode loop is not running"))
@@ -309,7 +314,7 @@ class Engine:
         if finished:
             self._drop_finished()
 
-    def _sample(self, logits: torch.Tensor, reqs: list[GenRequest]) -> tuple[list[int], list[float], list[Any]]:
+    def _sample(self, logits: torch.Tensor, reqs: list[GenRequest]) -> tuple[list[int], list[float], list[TopRow]]:
         params = self._params if reqs is self.rows else None
         if params is None:
             params = (
@@ -325,10 +330,10 @@ class Engine:
         own = [r.generator for r in reqs] if any(r.generator is not None for r in reqs) else None
         tokens, lps = sample_next(logits, *params, generator=self.generator, row_generators=own)
         nums = [r.spec.top_logprobs_num for r in reqs]
-        tops = top_logprobs(scaled_logprobs(logits, params[0])[1], nums) if any(nums) else [None] * len(reqs)
+        tops: list[TopRow] = top_logprobs(scaled_logprobs(logits, params[0])[1], nums) if any(nums) else [None] * len(reqs)
         return tokens.tolist(), lps.tolist(), tops
 
-    def _append(self, req: GenRequest, tok: int, lp: float, top: Any = None) -> bool:
+    def _append(self, req: GenRequest, tok: int, lp: float, top: TopRow = None) -> bool:
         """Record one sampled token; finish the request when a stop rule fires."""
         if req.budget <= 0:  # prompt scoring only: the prefill was all it needed
             self._finish(req, {"type": "length", "length": 0})

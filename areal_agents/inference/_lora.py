@@ -14,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 __all__ = ["LoraAdapter", "LoraSet", "adapter_from_tensors", "read_adapter"]
 
@@ -47,7 +50,7 @@ def _scale(config: Mapping[str, Any], where: str) -> float:
 
 
 def adapter_from_tensors(name: str, path: str, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
-                         model: Any) -> LoraAdapter:
+                         model: torch.nn.Module) -> LoraAdapter:
     """An adapter from PEFT-named ``tensors``; ``ValueError`` naming the problem when they do not
     fit ``model`` (a module that is not a linear layer of it, wrong shapes, an A without its B)."""
     scale = _scale(config, path)
@@ -80,7 +83,7 @@ def adapter_from_tensors(name: str, path: str, config: Mapping[str, Any], tensor
     return adapter
 
 
-def read_adapter(name: str, path: str | Path, model: Any) -> LoraAdapter:
+def read_adapter(name: str, path: str | Path, model: torch.nn.Module) -> LoraAdapter:
     """Read a PEFT adapter dir; ``ValueError`` (or ``OSError``) naming what is wrong."""
     from safetensors.torch import load_file
 
@@ -99,11 +102,11 @@ def read_adapter(name: str, path: str | Path, model: Any) -> LoraAdapter:
 class LoraSet:
     """The adapters a server holds, and the hooks that apply them to the rows of a forward pass."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.adapters: dict[str, LoraAdapter] = {}
         self._modules = dict(model.named_modules())
-        self._hooks: dict[str, Any] = {}
+        self._hooks: dict[str, RemovableHandle] = {}
         self._active: list[tuple[LoraAdapter, torch.Tensor | None]] = []  # (adapter, rows or None = all rows)
 
     def add(self, adapter: LoraAdapter) -> None:
@@ -134,7 +137,7 @@ class LoraSet:
         finally:
             self._active = []
 
-    def _hook(self, module: str) -> Any:
+    def _hook(self, module: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor]:
         def apply(layer: torch.nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
             for adapter, rows in self._active:
                 ab = adapter.weights.get(module)

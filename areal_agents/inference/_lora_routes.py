@@ -14,23 +14,36 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from areal_agents.inference.protocol import BadRequest, require
+from areal_agents.inference.protocol import BadRequest, GenerateSpec, require
 
-__all__ = ["adapter_swap", "add_routes", "broadcast_target", "details", "require_loaded"]
+if TYPE_CHECKING:
+    import torch
+
+    from areal_agents.inference._engine import Engine
+
+__all__ = ["OnDecodeThread", "adapter_swap", "add_routes", "broadcast_target", "details", "require_loaded"]
+
+_T = TypeVar("_T")
 
 
-def details(engine: Any) -> dict[str, dict[str, Any]]:
+class OnDecodeThread(Protocol):
+    """``await call(app, fn)``: ``fn()`` run on the engine's decode thread, its result."""
+
+    def __call__(self, app: web.Application, fn: Callable[[], _T], /) -> Awaitable[_T]: ...
+
+
+def details(engine: Engine) -> dict[str, dict[str, str | int]]:
     """Loaded adapters with where they came from and their size (``/server_info``)."""
     return {name: {"path": a.path, "bytes": sum(t.numel() * t.element_size() for ab in a.weights.values() for t in ab),
                    "modules": len(a.weights)} for name, a in engine.lora.adapters.items()}
 
 
-def require_loaded(engine: Any, specs: Sequence[Any]) -> None:
+def require_loaded(engine: Engine, specs: Sequence[GenerateSpec]) -> None:
     missing = sorted({s.lora_path for s in specs if s.lora_path is not None} - set(engine.lora.adapters))
     require(not missing, f"'lora_path': the requested LoRA adapters are not loaded: {', '.join(missing)}; "
                          f"loaded: {', '.join(sorted(engine.lora.adapters)) or 'none'}")  # fmt: skip
@@ -43,7 +56,7 @@ def _name(body: dict[str, Any]) -> str:
     return name
 
 
-def _reply(engine: Any, error: str | None = None) -> web.Response:
+def _reply(engine: Engine, error: str | None = None) -> web.Response:
     loaded = {name: a.path for name, a in engine.lora.adapters.items()}  # name -> where it came from
     return web.json_response({"success": error is None, "error_message": error, "loaded_adapters": loaded},
                              status=200 if error is None else 400)
@@ -59,7 +72,7 @@ def broadcast_target(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     return _name(body), config
 
 
-def adapter_swap(engine: Any, target: tuple[str, dict[str, Any]], state: dict[str, Any], version: str | None,
+def adapter_swap(engine: Engine, target: tuple[str, dict[str, Any]], state: dict[str, torch.Tensor], version: str | None,
                  abort_all: bool) -> Callable[[], int]:
     """The swap, for the decode thread, that holds the received adapter tensors under their name
     (replacing) and tags ``version``."""
@@ -82,7 +95,8 @@ def adapter_swap(engine: Any, target: tuple[str, dict[str, Any]], state: dict[st
     return swap
 
 
-def add_routes(app: web.Application, engine_key: Any, call: Callable[..., Any], _json: Callable[..., Any]) -> None:
+def add_routes(app: web.Application, engine_key: web.AppKey[Engine], call: OnDecodeThread,
+               _json: Callable[[web.Request], Awaitable[dict[str, Any]]]) -> None:
     """Register the LoRA endpoints; ``call(app, fn)`` runs ``fn`` on the decode thread, ``_json``
     reads a request's JSON object."""
 
@@ -93,6 +107,7 @@ def add_routes(app: web.Application, engine_key: Any, call: Callable[..., Any], 
         body = await _json(request)
         name, path = _name(body), body.get("lora_path")
         require(isinstance(path, str) and bool(path), "'lora_path' (an adapter dir) is required")
+        assert isinstance(path, str)
         if name in engine.lora.adapters:
             return _reply(engine, f"The LoRA adapter {name!r} is already loaded; unload it first")
         try:

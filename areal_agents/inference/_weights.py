@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import DTYPES
 from areal_agents.inference.protocol import BadRequest, is_int, require
 from areal_agents.inference.weight_group import new_weight_group
 
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+    from transformers import PreTrainedModel
+
 __all__ = ["WeightGroups", "check_fit", "load_state_dict"]
 
 
-def check_fit(shapes: Mapping[str, Sequence[int]], model: Any, where: str, *, complete: bool) -> None:
+def check_fit(shapes: Mapping[str, Sequence[int]], model: PreTrainedModel, where: str, *, complete: bool) -> None:
     """Raise ``ValueError`` unless every tensor of ``shapes`` is a parameter of ``model`` with
     that shape (and, when ``complete``, every parameter is there; tied output embeddings may be absent)."""
     expected = model.state_dict()
@@ -29,7 +34,7 @@ def check_fit(shapes: Mapping[str, Sequence[int]], model: Any, where: str, *, co
         raise ValueError(f"weights in {where} have wrong shapes for {bad[:4]}")
 
 
-def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
+def load_state_dict(path: str | Path, model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """Read the safetensors weights in ``path`` and check them against ``model``.
 
     Raises ``ValueError`` naming the problem (no weights, missing/unexpected tensors,
@@ -41,7 +46,7 @@ def load_state_dict(path: str | Path, model: Any) -> dict[str, Any]:
     files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
     if not files:
         raise ValueError(f"no *.safetensors weights in {path}")
-    state: dict[str, Any] = {}
+    state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(str(file)))
     check_fit({k: v.shape for k, v in state.items()}, model, str(path), complete=True)
@@ -64,7 +69,7 @@ class WeightGroups:
     def __init__(self, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s
         self.name: str | None = None
-        self.group: Any = None
+        self.group: ProcessGroup | None = None
 
     def join(self, body: Mapping[str, Any]) -> None:
         """Join the group of an ``/init_weights_update_group`` body as ranks ``rank_offset``."""
@@ -81,7 +86,7 @@ class WeightGroups:
         self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)
         self.name = name  # a trainer that re-forms its group leaves the old one
 
-    def receive(self, body: Mapping[str, Any], model: Any, check: bool = True) -> dict[str, Any]:
+    def receive(self, body: Mapping[str, Any], model: PreTrainedModel, check: bool = True) -> dict[str, torch.Tensor]:
         """The tensors an ``/update_weights_from_distributed`` body announces, received from rank 0.
 
         Tensors that do not fit ``model`` are still received (so the trainer's broadcast
@@ -100,9 +105,11 @@ class WeightGroups:
         assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
         require(len(names) == len(dtypes) == len(shapes), "'names', 'dtypes' and 'shapes' differ in length")
         require(name == self.name, f"no weight update group {name!r}: call /init_weights_update_group first")
+        group = self.group
+        assert group is not None  # joined together with self.name
         state = {n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(names, dtypes, shapes, strict=True)}
         for tensor in state.values():
-            self.group.broadcast(tensor, 0).wait()
+            group.broadcast(tensor, 0).wait()
         try:
             if check:
                 check_fit({n: t.shape for n, t in state.items()}, model, "the broadcast", complete=False)

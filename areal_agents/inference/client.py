@@ -142,7 +142,7 @@ class InferenceClient:
     async def __aenter__(self) -> InferenceClient:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     # ------------------------------------------------------------------ choice

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from areal_agents.inference.client import normalize_address
-from areal_agents.inference.protocol import update_weights_from_disk_payload
+from areal_agents.inference.protocol import (
+    InitGroupBody,
+    UpdateFromDistributedBody,
+    update_weights_from_disk_payload,
+)
 
 __all__ = [
     "ControlError",
@@ -55,7 +59,7 @@ def _client() -> httpx.Client:
     return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def _request(method: str, url: str, timeout: float, json: dict[str, Any] | None = None) -> httpx.Response:
+def _request(method: str, url: str, timeout: float, json: Mapping[str, object] | None = None) -> httpx.Response:
     try:
         resp = _client().request(method, url, json=json, timeout=timeout)
     except httpx.TransportError as exc:
@@ -67,7 +71,7 @@ def _request(method: str, url: str, timeout: float, json: dict[str, Any] | None 
     return resp
 
 
-def _post_all(addrs: Addrs, path: str, payload: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+def _post_all(addrs: Addrs, path: str, payload: Mapping[str, object], timeout: float) -> list[dict[str, Any]]:
     replies = []
     for url in _urls(addrs):
         resp = _request("POST", url + path, timeout, payload)
@@ -81,7 +85,7 @@ def _post_all(addrs: Addrs, path: str, payload: dict[str, Any], timeout: float) 
     return replies
 
 
-def _post_concurrently(urls: list[str], path: str, payloads: list[dict[str, Any]], timeout: float) -> None:
+def _post_concurrently(urls: list[str], path: str, payloads: Sequence[Mapping[str, object]], timeout: float) -> None:
     """POST to all servers at once: NCCL group calls block until every member has joined."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -160,7 +164,7 @@ def server_info(addr: str, timeout: float = 10.0) -> dict[str, Any]:
     return _get_object(addr, "/server_info", timeout)
 
 
-def init_weights_update_group(addrs: Addrs, payloads: Sequence[dict[str, Any]], timeout: float = 600.0) -> None:
+def init_weights_update_group(addrs: Addrs, payloads: Sequence[InitGroupBody], timeout: float = 600.0) -> None:
     """Send each server its ``init_weights_update_group`` payload (one per server, distinct rank offsets).
 
     The calls return only once the trainer has joined the group too, so call this from a
@@ -172,7 +176,7 @@ def init_weights_update_group(addrs: Addrs, payloads: Sequence[dict[str, Any]], 
     _post_concurrently(urls, "/init_weights_update_group", list(payloads), timeout)
 
 
-def update_weights_from_distributed(addrs: Addrs, payload: dict[str, Any], timeout: float = 600.0) -> None:
+def update_weights_from_distributed(addrs: Addrs, payload: UpdateFromDistributedBody, timeout: float = 600.0) -> None:
     """Tell every server to receive the broadcast described by ``payload`` (run it in a
     thread while the trainer broadcasts the tensors)."""
     urls = _urls(addrs)

@@ -25,9 +25,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from areal_agents.config import ConfigError
+from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.inference.sglang_version import sglang_version_problem
 from areal_agents.runtime.lifeline import die_with_parent
 from areal_agents.runtime.stopping import on_hard_exit
@@ -56,7 +55,7 @@ def check_sglang() -> None:
         raise ConfigError("inference.backend", problem)
 
 
-def sglang_command(cfg: Any, model_path: str | os.PathLike[str], port: int, server_index: int = 0) -> list[str]:
+def sglang_command(cfg: ExperimentConfig, model_path: str | os.PathLike[str], port: int, server_index: int = 0) -> list[str]:
     """``python -m sglang.launch_server ...`` for server ``server_index`` (GPUs from index * tp)."""
     tp, dtype = int(cfg.sglang.tp_size), str(cfg.sglang.dtype)
     cmd = [
@@ -97,7 +96,7 @@ def _lora_path(text: str) -> tuple[str, str]:
     return name, path
 
 
-def embedded_command(cfg: Any, model_path: str | os.PathLike[str], port: int = 0,
+def embedded_command(cfg: ExperimentConfig, model_path: str | os.PathLike[str], port: int = 0,
                      parent_pid: int | None = None) -> list[str]:
     """``python -m areal_agents.inference.server ...`` with the config's host, device and batch size
     (and ``--parent-pid``: the server exits once that process is gone)."""
@@ -167,7 +166,7 @@ class ServerGroup(list[ServerHandle], contextlib.AbstractContextManager["ServerG
         for handle in self:
             handle.close()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -197,7 +196,7 @@ def _wait_announced(handle: ServerHandle, deadline: float) -> str:
 
 
 def launch_servers(
-    cfg: Any, model_path: str | os.PathLike[str], n: int | None = None, *, log_dir: str | os.PathLike[str] | None = None,
+    cfg: ExperimentConfig, model_path: str | os.PathLike[str], n: int | None = None, *, log_dir: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None, ports: list[int] | None = None,
 ) -> ServerGroup:  # fmt: skip
     """Start ``n`` (default ``cfg.inference.num_servers``) servers of ``cfg.inference.backend``
@@ -263,7 +262,7 @@ on_hard_exit(_kill_all)
 
 
 @contextlib.contextmanager
-def inference_servers(cfg: Any, model_path: str, log_dir: str | os.PathLike[str] | None = None) -> Iterator[list[str]]:
+def inference_servers(cfg: ExperimentConfig, model_path: str, log_dir: str | os.PathLike[str] | None = None) -> Iterator[list[str]]:
     """Yield ``host:port`` addresses of a run's healthy servers; launched ones are stopped on exit.
 
     ``inference.backend=remote`` attaches to ``inference.addresses`` (waiting for their

@@ -5,7 +5,8 @@ get wrong raises :class:`BadRequest` with one clear message, which the server an
 HTTP 400 ``{"error": {"message": ...}}``) and :func:`response_body` builds the reply. Client
 side: :func:`parse_generate_reply` checks a reply and returns it as a :class:`Generation`
 (:class:`InferenceError` naming what is wrong), and the ``*_payload`` builders produce the exact bodies of the weight-update calls,
-so the NCCL weight path can be driven (and tested) without a GPU.
+so the NCCL weight path can be driven (and tested) without a GPU (defined in
+:mod:`~areal_agents.inference.weight_bodies`, re-exported here).
 """
 
 from __future__ import annotations
@@ -14,11 +15,24 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-__all__ = ["BadRequest", "GenerateSpec", "Generation", "InferenceError", "flag", "init_weights_update_group_payload", "is_int",
-           "parse_generate", "parse_generate_reply", "require", "response_body", "update_weights_from_disk_payload",
-           "update_weights_from_distributed_payload"]
+from areal_agents.inference.weight_bodies import (
+    InitGroupBody,
+    UpdateFromDiskBody,
+    UpdateFromDistributedBody,
+    init_weights_update_group_payload,
+    update_weights_from_disk_payload,
+    update_weights_from_distributed_payload,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["BadRequest", "GenerateReply", "GenerateSpec", "Generation", "InferenceError", "InitGroupBody", "LogprobRow",
+           "MetaInfo", "Progress", "TopRow", "UpdateFromDiskBody", "UpdateFromDistributedBody", "flag",
+           "init_weights_update_group_payload", "is_int", "parse_generate", "parse_generate_reply", "require",
+           "response_body", "update_weights_from_disk_payload", "update_weights_from_distributed_payload"]
 
 # Every field of SGLang's ``GenerateReqInput`` (0.5.x) is accepted. Those this server implements:
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
@@ -92,12 +106,12 @@ def require(ok: bool, message: str) -> None:
         raise BadRequest(message)
 
 
-def is_int(x: Any) -> bool:
+def is_int(x: object) -> bool:
     """Whether ``x`` is a JSON integer (``bool`` is not)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _neutral(value: Any, default: Any) -> bool:
+def _neutral(value: object, default: object) -> bool:
     """Null, empty, SGLang's default, or a per-prompt list of those."""
     if value is None or (value == default and isinstance(value, bool) == isinstance(default, bool)):
         return True
@@ -113,7 +127,7 @@ def _token_list(x: Any, what: str, vocab: int) -> list[int]:
     return list(x)
 
 
-def _prompts(body: dict[str, Any], tokenizer: Any, vocab: int) -> tuple[list[list[int]], bool]:
+def _prompts(body: dict[str, Any], tokenizer: PreTrainedTokenizerBase, vocab: int) -> tuple[list[list[int]], bool]:
     has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
     require(has_text != has_ids, "exactly one of 'text' and 'input_ids' is required")
     if has_text:
@@ -175,7 +189,7 @@ def _sampling(sp: Any, vocab: int) -> dict[str, Any]:
     return out
 
 
-def flag(v: Any, default: bool, what: str) -> bool:
+def flag(v: object, default: bool, what: str) -> bool:
     """A JSON boolean field ``what``: ``default`` when null, else it must be true or false (:class:`BadRequest`)."""
     require(v is None or isinstance(v, bool), f"{what} must be true or false")
     return default if v is None else bool(v)
@@ -216,7 +230,7 @@ def _lora_paths(value: Any, n: int) -> list[str | None]:
     return names * n if len(names) == 1 else names
 
 
-def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int,
+def parse_generate(body: dict[str, Any], tokenizer: PreTrainedTokenizerBase, vocab: int,
                    context_len: int) -> tuple[list[GenerateSpec], bool]:
     """Check a ``/generate`` body (a JSON object); return (specs, reply_is_list)."""
     unknown = sorted(set(body) - _TOP_ALL)
@@ -249,25 +263,78 @@ def parse_generate(body: dict[str, Any], tokenizer: Any, vocab: int,
     return specs, batched or len(specs) > len(prompts)
 
 
-def _triples(tokenizer: Any, with_text: bool, logprobs: Sequence[float | None], ids: Sequence[int]) -> list[list[Any]]:
+TopRow = tuple[list[float], list[int]] | None
+"""One position's top logprobs, ``(logprobs, token ids)`` best first; None where there are none."""
+
+
+LogprobRow = list[float | int | str | None]
+"""SGLang's ``[logprob, token_id, text]`` (``text`` None unless ``return_text_in_logprobs``)."""
+
+
+class Progress(Protocol):
+    """What :func:`response_body` reads of a request being generated (the engine's ``GenRequest``):
+    the tokens so far with their logprobs, weight versions and top logprobs, and the prompt's."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[str]
+    output_top: list[TopRow]
+    input_logprobs: list[float | None] | None
+    input_top: list[TopRow] | None
+    matched_stop: str | None
+
+
+def _triples(tokenizer: PreTrainedTokenizerBase, with_text: bool, logprobs: Sequence[float | None],
+             ids: Sequence[int]) -> list[LogprobRow]:
     """SGLang's ``[logprob, token_id, text]`` rows (text only with ``return_text_in_logprobs``)."""
     texts = tokenizer.batch_decode([[t] for t in ids]) if with_text and ids else [None] * len(ids)
     return [[lp, t, x] for lp, t, x in zip(logprobs, ids, texts, strict=True)]
 
 
-def _top_rows(tokenizer: Any, with_text: bool, tops: Sequence[Any]) -> list[Any]:
+def _top_rows(tokenizer: PreTrainedTokenizerBase, with_text: bool,
+              tops: Sequence[TopRow]) -> list[list[LogprobRow] | None]:
     return [None if t is None else _triples(tokenizer, with_text, t[0], t[1]) for t in tops]
+
+
+class _Meta(TypedDict):
+    id: str
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str
+    output_token_weight_versions: list[str]
+    e2e_latency: float
+
+
+class MetaInfo(_Meta, total=False):
+    """A reply's ``meta_info``: SGLang's fields, the per-token weight versions (an extension),
+    and with ``return_logprob`` the logprob rows of the prompt window and the output (with
+    ``top_logprobs_num`` also their top rows)."""
+
+    input_token_logprobs: list[LogprobRow]
+    output_token_logprobs: list[LogprobRow]
+    input_top_logprobs: list[list[LogprobRow] | None]
+    output_top_logprobs: list[list[LogprobRow] | None]
+
+
+class GenerateReply(TypedDict):
+    """The server's reply to one prompt of ``POST /generate`` (and each streamed event)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
 
 
 def response_body(
     spec: GenerateSpec,
-    req: Any,
+    req: Progress,
     n: int,
     finish: dict[str, Any] | None,
     weight_version: str,
     latency: float,
-    tokenizer: Any,
-) -> dict[str, Any]:
+    tokenizer: PreTrainedTokenizerBase,
+) -> GenerateReply:
     """The SGLang reply for ``req``'s first ``n`` tokens (all of them once finished).
 
     ``req`` carries ``output_ids``, ``logprobs``, ``versions``, ``output_top``,
@@ -276,11 +343,12 @@ def response_body(
     """
     output_ids, versions = req.output_ids[:n], req.versions[:n]
     text = tokenizer.decode(output_ids, skip_special_tokens=spec.skip_special_tokens)
+    assert isinstance(text, str)  # one id list decodes to one string
     matched_stop = req.matched_stop if finish is not None else None
     if matched_stop is not None and not spec.no_stop_trim:
         cut = text.find(matched_stop)
         text = text[:cut] if cut >= 0 else text
-    meta: dict[str, Any] = {
+    meta: MetaInfo = {
         "id": spec.rid,
         "finish_reason": finish,
         "prompt_tokens": len(spec.prompt),
@@ -333,7 +401,7 @@ class Generation:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_generate_reply(body: Any, where: str = "server") -> Generation:
+def parse_generate_reply(body: object, where: str = "server") -> Generation:
     """Check one ``/generate`` reply and return it as a :class:`Generation`: ``info["finish"]``
     holds the reply's whole ``finish_reason`` object, ``info["top_logprobs"]`` its
     ``output_top_logprobs`` when the server sent them (one row per output token).
@@ -371,40 +439,3 @@ def parse_generate_reply(body: Any, where: str = "server") -> Generation:
     if isinstance(tops, list) and len(tops) == len(ids):
         info["top_logprobs"] = tops
     return Generation(ids, logprobs, versions, finish["type"], text if isinstance(text, str) else "", info)
-
-
-def update_weights_from_disk_payload(
-    path: str, version: int | str | None = None, abort_all_requests: bool = False, flush_cache: bool = True
-) -> dict[str, Any]:
-    """Body of ``POST /update_weights_from_disk``."""
-    body: dict[str, Any] = {"model_path": str(path), "abort_all_requests": abort_all_requests,
-                            "flush_cache": flush_cache}  # fmt: skip
-    if version is not None:
-        body["weight_version"] = str(version)
-    return body
-
-
-def init_weights_update_group_payload(
-    master_address: str, master_port: int, rank_offset: int, world_size: int,
-    group_name: str = "weight_update_group", backend: str = "nccl",
-) -> dict[str, Any]:  # fmt: skip
-    """Body of ``POST /init_weights_update_group`` (server ranks start at ``rank_offset``)."""
-    if world_size < 2 or not 0 < rank_offset < world_size:
-        raise ValueError(f"need world_size >= 2 and 0 < rank_offset < world_size (got {rank_offset}/{world_size})")
-    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "group_name": group_name, "backend": backend}  # fmt: skip
-
-
-def update_weights_from_distributed_payload(
-    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-    version: int | str | None = None, group_name: str = "weight_update_group", flush_cache: bool = True,
-) -> dict[str, Any]:  # fmt: skip
-    """Body of ``POST /update_weights_from_distributed`` announcing tensors about to be broadcast."""
-    if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
-    body: dict[str, Any] = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-                            "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
-                            "flush_cache": flush_cache}  # fmt: skip
-    if version is not None:
-        body["weight_version"] = str(version)
-    return body

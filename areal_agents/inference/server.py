@@ -16,11 +16,12 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._weights import WeightGroups, load_state_dict
@@ -29,14 +30,17 @@ from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, pars
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
 if TYPE_CHECKING:
-    from areal_agents.inference._engine import Engine
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from areal_agents.inference._engine import Engine, GenRequest
+
+_T = TypeVar("_T")
 _ENGINE: web.AppKey[Engine] = web.AppKey("engine")
 _STATE = web.AppKey("state", dict)
 _GROUPS = web.AppKey("weight_groups", WeightGroups)
 
 
-def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
+def load_model(path: str | Path, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from an HF model dir (float32 on CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -45,8 +49,8 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = torch.float32 if device == "cpu" else "auto"
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model.to(device), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers' decorated ``to`` loses its self
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -54,7 +58,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as exc:
@@ -79,7 +83,7 @@ async def _json(request: web.Request) -> dict[str, Any]:
     return body
 
 
-async def _call(app: web.Application, fn: Any) -> Any:
+async def _call(app: web.Application, fn: Callable[[], _T]) -> _T:
     return await asyncio.wrap_future(app[_ENGINE].call(fn))
 
 
@@ -133,8 +137,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return web.json_response(bodies if as_list else bodies[0])
 
 
-async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future[Any], progress: asyncio.Queue[None],
-                  start: float) -> web.StreamResponse:
+async def _stream(request: web.Request, spec: GenerateSpec, req: GenRequest, fut: asyncio.Future[GenRequest],
+                  progress: asyncio.Queue[None], start: float) -> web.StreamResponse:
     """Server-sent events as SGLang sends them: ``data: {reply so far}`` per new token (text,
     ids and logprobs cumulative, ``finish_reason`` null until the last), then ``data: [DONE]``."""
     engine = request.app[_ENGINE]
@@ -148,7 +152,7 @@ async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future
     sent = 0
     try:
         while not fut.done():
-            waiter = asyncio.ensure_future(progress.get())
+            waiter: asyncio.Future[Any] = asyncio.ensure_future(progress.get())
             await asyncio.wait([waiter, fut], return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             n = len(req.output_ids)
@@ -167,12 +171,12 @@ async def _stream(request: web.Request, spec: Any, req: Any, fut: asyncio.Future
     return resp
 
 
-def _resolve_from_thread(fut: asyncio.Future[Any]) -> Any:
+def _resolve_from_thread(fut: asyncio.Future[GenRequest]) -> Callable[[GenRequest], object]:
     """A ``done`` callback, for the decode thread, that resolves ``fut`` with its request."""
     return lambda req: fut.get_loop().call_soon_threadsafe(_resolve, fut, req)
 
 
-def _resolve(fut: asyncio.Future[Any], req: Any) -> None:
+def _resolve(fut: asyncio.Future[GenRequest], req: GenRequest) -> None:
     if not fut.done():
         fut.set_result(req)
 
@@ -221,7 +225,7 @@ async def _update_weights_from_disk(request: web.Request) -> web.Response:
                               "num_paused_requests": n})  # fmt: skip
 
 
-async def _in_group_thread(app: web.Application, fn: Any, *args: Any) -> Any:
+async def _in_group_thread(app: web.Application, fn: Callable[..., _T], *args: object) -> _T:
     """Blocking process-group work on its own thread (a slow join never starves other requests)."""
     return await asyncio.get_running_loop().run_in_executor(app[_STATE]["group_pool"], fn, *args)
 
@@ -302,7 +306,7 @@ async def _health_generate(request: web.Request) -> web.Response:
         return web.Response(status=503)
     if engine.paused:
         return web.Response(status=200)
-    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    fut: asyncio.Future[GenRequest] = asyncio.get_running_loop().create_future()
     req = GenRequest(GenerateSpec(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0),
                      done=_resolve_from_thread(fut))
     engine.submit(req)
@@ -322,7 +326,7 @@ async def _model_info(request: web.Request) -> web.Response:
     })  # fmt: skip
 
 
-def batching_stats(engine: Any) -> dict[str, Any]:
+def batching_stats(engine: Engine) -> dict[str, float]:
     m = dict(engine.metrics)
     running, waiting = engine.queue_sizes()
     return {
@@ -348,7 +352,7 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(lines) + "\n")
 
 
-def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) -> web.Application:
+def create_app(engine: Engine, model_path: str, tokenizer_path: str | None = None) -> web.Application:
     """The aiohttp application serving ``engine`` (started and stopped with the app)."""
     app = web.Application(middlewares=[_errors], client_max_size=64 * 1024**2)
     app[_ENGINE] = engine
@@ -368,11 +372,11 @@ def create_app(engine: Any, model_path: str, tokenizer_path: str | None = None) 
                           ("/get_server_info", _server_info), ("/metrics", _metrics)):  # fmt: skip
         app.router.add_get(path, handler)
 
-    from areal_agents.openai_compat.http import add_serve_routes
+    from areal_agents.openai_compat.http import add_serve_routes  # OpenAI's /v1/chat/completions over /generate
 
-    add_serve_routes(app, engine.tokenizer)  # OpenAI-compatible /v1/chat/completions over this server's /generate
+    add_serve_routes(app, engine.tokenizer)  # type: ignore[arg-type]  # HF types decode as str | list[str]
 
-    async def lifecycle(app: web.Application) -> Any:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         if not engine.alive:
             engine.start()
         yield

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["new_weight_group"]
 
 
 def new_weight_group(backend: str, address: str, port: int, world_size: int, rank: int, name: str,
-                     timeout_s: float) -> Any:
+                     timeout_s: float) -> ProcessGroup:
     """This process's side (``rank``) of a weight-update group, laid out as SGLang lays out its
     own: a TCP store at ``address:port`` served by rank 0, keys prefixed by ``name``, then
     torch's group helper. Trainer rank 0, SGLang's ranks and the embedded server meet alike.

@@ -37,7 +37,7 @@ __all__ = ["OpenAIAgent", "is_openai_agent"]
 AgentFn = Callable[[EpisodeClient, dict[str, Any]], Awaitable[Any]]
 
 
-def is_openai_agent(obj: Any) -> bool:
+def is_openai_agent(obj: object) -> bool:
     """Whether a registered agent is OpenAI-style: a coroutine function, or a class that is
     not an :class:`~areal_agents.agent.Agent` and whose instances are async callables."""
     if inspect.isclass(obj):

@@ -78,7 +78,7 @@ def _sdk_error(err: APIError) -> Exception:
     return cls(err.message, response=response, body=err.body()["error"])
 
 
-def _given(value: Any) -> bool:
+def _given(value: object) -> bool:
     return value is not None and type(value).__name__ not in ("NotGiven", "Omit")
 
 

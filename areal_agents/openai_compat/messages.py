@@ -36,7 +36,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 _TEXT = {"text": "text"}
 
 
-def _text_blocks(content: Any, param: str) -> str:
+def _text_blocks(content: object, param: str) -> str:
     """A string, or the text of a list of ``text`` blocks."""
     return joined_text(content, param, _TEXT)
 

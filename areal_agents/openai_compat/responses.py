@@ -37,7 +37,7 @@ _LOGPROBS = "message.output_text.logprobs"
 _TEXT = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
-def _text(content: Any, param: str) -> str:
+def _text(content: object, param: str) -> str:
     """Text content: a string or a list of ``input_text`` / ``output_text`` / ``text`` / ``refusal`` parts."""
     return joined_text(content, param, _TEXT)
 

@@ -50,7 +50,7 @@ def bad(param: str, message: str) -> APIError:
     return APIError(f"{param}: {message}", param=param)
 
 
-def joined_text(content: Any, param: str, fields: dict[str, str]) -> str:
+def joined_text(content: object, param: str, fields: dict[str, str]) -> str:
     """A string, or the joined text of a list of parts: a part of type ``t`` in ``fields`` holds
     its text under ``fields[t]``; any other part is a 400 naming it."""
     if isinstance(content, str):

@@ -67,7 +67,7 @@ class ChatRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def _text(content: Any, param: str) -> str:
+def _text(content: object, param: str) -> str:
     """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
     if content is None or isinstance(content, str):
         return content or ""
@@ -167,7 +167,7 @@ def _neutral(body: dict[str, Any], key: str, neutral: Any) -> None:
         raise _bad(key, f"is not supported (only {json.dumps(neutral)} or null)")
 
 
-def parse_request(body: Any) -> ChatRequest:
+def parse_request(body: object) -> ChatRequest:
     """Check a ``/v1/chat/completions`` body; :class:`APIError` (400) names the first bad field."""
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")

@@ -14,11 +14,16 @@ import asyncio
 import importlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.failures import blame, describe
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
+
+if TYPE_CHECKING:
+    from areal_agents.agent import Agent
+    from areal_agents.env import Env
+    from areal_agents.llm import LLM
 
 __all__ = ["EpisodeFn", "classify_error", "episode_outcome", "episode_solved", "make_episode_fn", "with_deadline"]
 
@@ -92,7 +97,7 @@ async def with_deadline(episode: Awaitable[Trajectory], timeout: float) -> Traje
     return _failed("timeout", f"episode exceeded {timeout} s and ignored its cancellation")
 
 
-def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount: float = 1.0,
+def episode_outcome(task: asyncio.Future[Trajectory], cancel_reason: str, turn_discount: float = 1.0,
                     failure_policy: str = "drop") -> Trajectory:
     """The trajectory of a finished episode task, whatever happened to it, its return settled.
 
@@ -116,9 +121,9 @@ def episode_outcome(task: asyncio.Future[Any], cancel_reason: str, turn_discount
 
 
 def make_episode_fn(
-    env_factory: Callable[[], Any],
-    agent: Any,
-    llm_factory: Callable[[str], Any],
+    env_factory: Callable[[], Env],
+    agent: Agent,
+    llm_factory: Callable[[str], LLM],
     *,
     episode_timeout: float | None = None,
 ) -> EpisodeFn:

@@ -45,6 +45,7 @@ from areal_agents.config import RolloutConfig
 from areal_agents.failures import EpisodesFailed, failure_message
 from areal_agents.rollout.episode import EpisodeFn, episode_outcome, episode_solved, with_deadline
 from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
+from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.staleness import StalenessBound
 from areal_agents.runtime.loop_thread import LoopThread
 from areal_agents.types import Trajectory, check_turn_discount
@@ -81,7 +82,7 @@ class RolloutExecutor:
         shuffle: bool = True,
         turn_discount: float = 1.0,
         group_filter: GroupFilter | None = None,
-        on_shutdown: Iterable[Callable[[], Awaitable[Any]]] = (),
+        on_shutdown: Iterable[Callable[[], Awaitable[object]]] = (),
         bounded_staleness: bool = True,
         max_failed_streak: int = 32,
     ) -> None:
@@ -295,7 +296,7 @@ class RolloutExecutor:
             return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
                     "rollout/skipped_rows": float(self._feeder.skipped)}
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> RolloutState:
         """Dataloader position plus the rows of groups not yet consumed (re-run after recovery)."""
         with self._cond:
             groups = [*self._pending, *(g for g in self._active.values() if not g.stale),
@@ -304,7 +305,7 @@ class RolloutExecutor:
             return {"feeder": self._feeder.state_dict(), "serial": self._serial,
                     "consumed_groups": self._consumed_groups, "unconsumed": unconsumed}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: RolloutState) -> None:
         """Restore :meth:`state_dict` before :meth:`start`; unconsumed rows are queued first."""
         with self._cond:
             if self._state != "new":
@@ -384,7 +385,7 @@ class RolloutExecutor:
         g.start_version = self._version
         self._active[g.serial] = g
         for k in range(g.size):
-            task: asyncio.Future[Any]
+            task: asyncio.Future[Trajectory]
             try:
                 episode = self._episode_fn(dict(g.row), g.seed + k, f"{g.group_id}-{k}")
                 task = asyncio.ensure_future(with_deadline(episode, self.cfg.episode_timeout), loop=loop)
@@ -396,7 +397,7 @@ class RolloutExecutor:
             task.add_done_callback(functools.partial(self._on_done, g, k))
 
     # ------------------------------------------------------------------ completion
-    def _on_done(self, g: Group, k: int, task: asyncio.Future[Any]) -> None:
+    def _on_done(self, g: Group, k: int, task: asyncio.Future[Trajectory]) -> None:
         try:
             traj = episode_outcome(task, g.cancel_reason, self._turn_discount, self.cfg.failure_policy)
             traj.group_id, traj.start_version = g.group_id, g.start_version

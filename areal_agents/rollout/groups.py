@@ -5,16 +5,30 @@ Nothing here touches the event loop or threads.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from statistics import fmean, pstdev
-from typing import Any
+from typing import Any, TypedDict
 
 from areal_agents.types import Trajectory
 
-__all__ = ["GROUP_FILTERS", "Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "nonzero_std"]
+__all__ = ["GROUP_FILTERS", "FeederState", "Group", "GroupFilter", "Ledger", "RowFeeder", "batch_metrics", "nonzero_std"]
+
+class FeederState(TypedDict):
+    """A :class:`RowFeeder`'s position (its ``state_dict``): the next row ``(epoch, index)`` of
+    ``num_rows``, the shuffle, the rows marked as giving no signal and how many were skipped."""
+
+    epoch: int
+    index: int
+    num_rows: int
+    seed: int
+    shuffle: bool
+    no_signal: list[int]
+    skipped: int
+
 
 GroupFilter = Callable[[list[Trajectory]], bool]
 """``keep(group) -> bool``: False drops the whole group (counted as ``filter``)."""
@@ -95,12 +109,12 @@ class RowFeeder:
             self.skipped += 1
         return key, self.row_at(key)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> FeederState:
         return {"epoch": self.epoch, "index": self.index, "num_rows": len(self.rows),
                 "seed": self.seed, "shuffle": self.shuffle, "no_signal": sorted(self.no_signal),
                 "skipped": self.skipped}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: FeederState) -> None:
         n = int(state.get("num_rows", len(self.rows)))
         if n != len(self.rows):
             raise ValueError(f"rollout state was saved with {n} dataset rows, this run has {len(self.rows)}")
@@ -137,7 +151,7 @@ class Group:
     stale: bool = False
     cancel_reason: str = ""
     trajectories: list[Trajectory | None] = field(default_factory=list)
-    tasks: set[Any] = field(default_factory=set)  # running episode tasks
+    tasks: set[asyncio.Future[Trajectory]] = field(default_factory=set)  # running episode tasks
 
     def __post_init__(self) -> None:
         self.trajectories = [None] * self.size

@@ -7,12 +7,24 @@ both implement it, so the RL loop holds a ``Rollout`` and never asks which one i
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from areal_agents.config import RolloutConfig
+from areal_agents.rollout.groups import FeederState
 from areal_agents.types import Trajectory
 
-__all__ = ["Rollout"]
+__all__ = ["Rollout", "RolloutState"]
+
+
+class RolloutState(TypedDict):
+    """What a checkpoint keeps of a rollout (its ``state_dict``): the dataloader position, the
+    group serial, how many groups were consumed, and ``[epoch, index, serial]`` of each row
+    whose group was started but not consumed (re-run after recovery)."""
+
+    feeder: FeederState
+    serial: int
+    consumed_groups: int
+    unconsumed: list[list[int]]
 
 
 class Rollout(Protocol):
@@ -52,6 +64,6 @@ class Rollout(Protocol):
 
     def counts(self) -> dict[str, int]: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> RolloutState: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: RolloutState) -> None: ...

@@ -34,7 +34,7 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.config.loader import import_user_module, user_files
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
-from areal_agents.rollout.interface import Rollout
+from areal_agents.rollout.interface import Rollout, RolloutState
 from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
@@ -259,10 +259,11 @@ class RolloutProcess:
     def counts(self) -> dict[str, int]:
         return dict(self._call("counts"))
 
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self._call("state_dict"))
+    def state_dict(self) -> RolloutState:
+        state: RolloutState = self._call("state_dict")  # the child's executor's, unpickled
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: RolloutState) -> None:
         self._call("load_state_dict", state)
 
     def shutdown(self, timeout: float = 30.0) -> None:

@@ -62,7 +62,7 @@ class GemEnv(SeededGameEnv):
             text = f"{text}\n{hint}" if text else hint
         return text, float(reward), ended, {}
 
-    def _text(self, obs: Any, where: str) -> str:
+    def _text(self, obs: object, where: str) -> str:
         if not isinstance(obs, str):
             raise TypeError(f"gem env {self.env_id!r}: {where} returned a {type(obs).__name__} observation; "
                             "only text observations can be played")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import Any, ClassVar, Protocol
 
 from areal_agents.rewards import extract_answer
 from envs.ecosystem._games import import_library
@@ -19,14 +20,23 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOXED = re.compile(r"\\boxed\{")
 
 
-def _library() -> Any:
+def _library() -> ModuleType:
     return import_library("reasoning_gym", "reasoning-gym", "reasoning-gym")
 
 
-def _task_dataset(task: str, config: dict[str, Any], seed: int | None = None, size: int = 1) -> Any:
+class _TaskDataset(Protocol):
+    """What is used of a reasoning-gym dataset (``reasoning_gym.create_dataset``)."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    def score_answer(self, answer: str | None, entry: dict[str, Any]) -> float: ...
+
+
+def _task_dataset(task: str, config: dict[str, Any], seed: int | None = None, size: int = 1) -> _TaskDataset:
     rg = _library()
     try:
-        return rg.create_dataset(task, seed=seed, size=size, **config)
+        dataset: _TaskDataset = rg.create_dataset(task, seed=seed, size=size, **config)
+        return dataset
     except (ValueError, TypeError) as exc:  # an unknown task or config field
         raise ValueError(f"reasoning-gym task {task!r} (config {config}): {exc}") from None
 
@@ -67,7 +77,7 @@ def extract_reply(completion: str, how: str = "auto") -> str:
     return extract_answer(completion) or ""
 
 
-_SCORERS: dict[tuple[str, str], Any] = {}  # (task, config) -> a dataset of that task, for its score_answer
+_SCORERS: dict[tuple[str, str], _TaskDataset] = {}  # (task, config) -> a dataset of that task, for its score_answer
 _SCORERS_LOCK = threading.Lock()
 
 
