@@ -132,7 +132,7 @@ def test_rollout_only_mode_writes_through_the_child_as_through_the_executor(serv
 def test_an_env_from_a_py_file_reaches_the_child(server: ServerHandle, model: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``imports=[my_env.py]``: the file is imported again in the child, before the registrations."""
-    from areal_agents import config_loader
+    from areal_agents.config import loader as config_loader
 
     monkeypatch.setattr(config_loader, "_USER_FILES", dict(config_loader._USER_FILES))  # forgotten afterwards
     path = tmp_path / "process_file_env.py"
