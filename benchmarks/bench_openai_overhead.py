@@ -250,6 +250,7 @@ def summary(setting: Setting) -> dict[str, Any]:
     for kind in ("http", "http_aiohttp", "http_fresh"):
         if kind in best:
             out[f"{kind}_vs_openai"] = best[kind] / best["openai"]
+            out[f"{kind}_vs_openai_cpu"] = cpu["openai"] / cpu[kind]  # the same, by this process's CPU time
     if "floor" in cpu:  # the HTTP path's best case: the episode's own work, plus one call at the floor
         work = cpu["openai"]
         out["http_bound_vs_openai"] = work / (work + cpu["floor"])
