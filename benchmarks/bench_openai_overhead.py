@@ -23,7 +23,7 @@ client per episode, fewer episodes). The ``floor`` paths time the official clien
 (default and aiohttp transport) against a bare aiohttp handler that returns a canned reply on
 the same loop, with no episode behind it: the least one HTTP call of that client costs here.
 Each path is timed in wall time (episodes/s) and in this process's CPU time per episode (the
-servers run in other processes), which shared machines disturb less. ``--gc-freeze`` freezes
+servers run in other processes), which shared machines disturb less (the ``*_cpu`` ratios). ``--gc-freeze`` freezes
 what is alive after the warm-up (:func:`gc.freeze`), so that the process's full garbage
 collections, which the HTTP paths trigger most, skip the tokenizer's and libraries' objects.
 
