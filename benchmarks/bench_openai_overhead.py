@@ -1,45 +1,87 @@
 """OpenAI-path overhead: episodes/s of an agent written against the OpenAI client vs the same
-episodes played by ``ChatAgent`` over ``llm.chat``.
+episodes played by ``ChatAgent`` over ``llm.chat``, in process and over HTTP.
 
-Both play single-turn episodes of one env through :func:`~areal_agents.rollout.episode.make_episode_fn`
-with the same :class:`~areal_agents.inference.client.InferenceClient`, tokenizer (the tiny
-model's, built here) and concurrency, against an instant-reply SGLang-protocol endpoint (the one
-of ``bench_rollout_overhead.py``: one output token per request), so model time is removed and
-what is left is the cost of each path: chat template, tokenisation, client, and for the OpenAI
-path also request checking, reply building (the official ``openai`` types where installed) and
-trajectory assembly. The OpenAI agent returns None, so the env scores its reply as it does the
-native agent's.
+Every path plays single-turn episodes of one env through
+:func:`~areal_agents.rollout.episode.make_episode_fn` with the same
+:class:`~areal_agents.inference.client.InferenceClient`, tokenizer (the tiny model's, built
+here) and concurrency. Two settings, side by side in one run:
 
-A third path, ``http``, is the same agent speaking HTTP with the official client to its
-episode's URL (``await client.http_endpoint()``) on the loop's shared loopback server; the
-agent keeps one ``openai.AsyncOpenAI`` per process and binds it to each episode with
-``with_options(base_url=..., api_key=...)`` (the HTTP connection pool is shared). ``http_fresh``
-(fewer episodes) builds a new client per episode, as many agents do, for comparison.
+* ``instant``: an instant-reply SGLang-protocol endpoint (the one of
+  ``bench_rollout_overhead.py``: one output token per request), so model time is removed and
+  what is left is the cost of each path: chat template, tokenisation, client, and for the
+  OpenAI paths also request checking, reply building and trajectory assembly;
+* ``model``: the embedded server generating with the tiny model (``--new-tokens`` tokens a
+  reply), the ratio a user sees in a run.
 
-    python benchmarks/bench_openai_overhead.py [--episodes 4000] [--concurrency 64]
+Paths: ``native`` (``ChatAgent``), ``openai`` (the in-process client,
+``client.chat.completions.create``), ``http`` (the official ``openai`` client over HTTP to the
+episode's URL, ``await client.http_endpoint()``, on the loop's shared loopback server: one
+``openai.AsyncOpenAI`` per process, bound to each episode with ``with_options(base_url=...,
+api_key=...)``), ``http_aiohttp`` (the same with the client's own aiohttp transport,
+``http_client=openai.DefaultAioHttpClient()``) and, in ``instant`` only, ``http_fresh`` (a new
+client per episode, fewer episodes). The ``floor`` paths time the official client alone
+(default and aiohttp transport) against a bare aiohttp handler that returns a canned reply on
+the same loop, with no episode behind it: the least one HTTP call of that client costs here.
+Each path is timed in wall time (episodes/s) and in this process's CPU time per episode (the
+servers run in other processes), which shared machines disturb less (the ``*_cpu`` ratios). ``--gc-freeze`` freezes
+what is alive after the warm-up (:func:`gc.freeze`), so that the process's full garbage
+collections, which the HTTP paths trigger most, skip the tokenizer's and libraries' objects.
 
-Writes ``benchmarks/results/openai_overhead.json``. Targets: the in-process OpenAI path ≥ 0.8 of
-the native one, the HTTP path ≥ 0.7 of the in-process one.
+    python benchmarks/bench_openai_overhead.py [--episodes 4000] [--model-episodes 512]
+
+Writes ``benchmarks/results/openai_overhead.json``. Targets (``instant``): the in-process OpenAI
+path ≥ 0.8 of the native one, the HTTP path ≥ 0.7 of the in-process one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rollout_overhead import start_endpoint  # noqa: E402 - the instant endpoint, from its script
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SAMPLING = {"max_new_tokens": 1, "temperature": 1.0}
 TARGET = 0.8
 TARGET_HTTP = 0.7
+INSTANT_PATHS = ["native", "openai", "http", "http_aiohttp", "http_fresh", "floor", "floor_aiohttp"]
+MODEL_PATHS = ["native", "openai", "http", "http_aiohttp"]
+MESSAGE = "What is {a} + {b}?"
+CANNED = json.dumps({
+    "id": "chatcmpl-floor", "object": "chat.completion", "created": 0, "model": "policy", "system_fingerprint": None,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "7", "refusal": None},
+                 "finish_reason": "stop", "logprobs": None}],
+    "usage": {"prompt_tokens": 16, "completion_tokens": 1, "total_tokens": 17}}).encode()
+
+
+@dataclass
+class Setting:
+    """Where the episodes generate: the server's address, its sampling, the client's batching."""
+
+    name: str
+    address: str
+    tokenizer: Any
+    new_tokens: int
+    batch_window: float
+    runs: dict[str, list[float]] = field(default_factory=dict)  # path -> episodes/s of each repeat
+    cpu: dict[str, list[float]] = field(default_factory=dict)  # path -> CPU ms an episode of each repeat
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        n = self.new_tokens
+        return {"max_new_tokens": n, "min_new_tokens": n, "temperature": 1.0}
 
 
 def make_env_cls() -> type:
@@ -58,109 +100,230 @@ def make_env_cls() -> type:
     return Echo
 
 
+def official_client(transport: str) -> Any:
+    """One ``openai.AsyncOpenAI`` for the process (``transport``: ``httpx``, its default, or ``aiohttp``)."""
+    extra = {"http_client": openai.DefaultAioHttpClient()} if transport == "aiohttp" else {}
+    return openai.AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="-", max_retries=0, **extra)
+
+
 async def openai_agent(client: Any, row: dict[str, Any]) -> None:
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
 
 
-_SHARED: dict[str, Any] = {}
+class HttpAgent:
+    """Over HTTP with the official client: one per process bound to the episode per call
+    (``shared``), or a new one per episode (``fresh``)."""
+
+    def __init__(self, transport: str, fresh: bool = False) -> None:
+        self.transport, self.fresh = transport, fresh
+        self.shared: Any = None
+
+    async def __call__(self, client: Any, row: dict[str, Any]) -> None:
+        messages = [{"role": "user", "content": row["prompt"]}]
+        url = await client.http_endpoint()
+        if self.fresh:
+            async with openai.AsyncOpenAI(base_url=url, api_key=client.api_key, max_retries=0) as oc:
+                await oc.chat.completions.create(model="policy", messages=messages)
+            return
+        if self.shared is None:
+            self.shared = official_client(self.transport)
+        oc = self.shared.with_options(base_url=url, api_key=client.api_key)
+        await oc.chat.completions.create(model="policy", messages=messages)
+
+    async def aclose(self) -> None:
+        if self.shared is not None:
+            await self.shared.close()
 
 
-async def http_agent(client: Any, row: dict[str, Any]) -> None:
-    """Over HTTP with one official client per process, bound to the episode per call."""
-    import openai
-
-    shared = _SHARED.get("client")
-    if shared is None:
-        shared = _SHARED["client"] = openai.AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="-", max_retries=0)
-    oc = shared.with_options(base_url=await client.http_endpoint(), api_key=client.api_key)
-    await oc.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-
-
-async def http_fresh_agent(client: Any, row: dict[str, Any]) -> None:
-    """Over HTTP with a new official client per episode."""
-    import openai
-
-    async with openai.AsyncOpenAI(base_url=await client.http_endpoint(), api_key=client.api_key, max_retries=0) as oc:
-        await oc.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-
-
-AGENTS = {"openai": openai_agent, "http": http_agent, "http_fresh": http_fresh_agent}
-
-
-def measure(kind: str, address: str, tokenizer: Any, n: int, concurrency: int) -> float:
-    """Episodes/s of ``n`` episodes of ``kind`` (``native`` or ``openai``)."""
+def make_agent(kind: str, sampling: dict[str, Any]) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
+    """The rollout agent of path ``kind``, and what closes its HTTP client."""
     from areal_agents.agent import ChatAgent
+    from areal_agents.openai_compat.agent import OpenAIAgent
+
+    if kind == "native":
+        return ChatAgent(max_turns=1, sampling=sampling), None
+    if kind == "openai":
+        return OpenAIAgent(openai_agent, sampling=sampling), None
+    fn = HttpAgent("aiohttp" if kind == "http_aiohttp" else "httpx", fresh=kind == "http_fresh")
+    return OpenAIAgent(fn, sampling=sampling), fn.aclose
+
+
+async def _timed(work: Callable[[], Awaitable[Any]], n: int) -> tuple[float, float]:
+    """Run ``work``: ``n`` items a second, and this process's CPU milliseconds an item."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    await work()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return n / wall, 1000 * cpu / n
+
+
+def play(kind: str, setting: Setting, n: int, concurrency: int) -> tuple[float, float]:
+    """Episodes/s and CPU ms an episode of ``n`` episodes of path ``kind`` in ``setting``."""
     from areal_agents.inference.client import InferenceClient
     from areal_agents.llm import ClientLLM
-    from areal_agents.openai_compat.agent import OpenAIAgent
     from areal_agents.rollout.episode import make_episode_fn
 
-    agent = ChatAgent(max_turns=1, sampling=SAMPLING) if kind == "native" else OpenAIAgent(AGENTS[kind],
-                                                                                           sampling=SAMPLING)
+    sampling = setting.sampling
+    agent, close_agent = make_agent(kind, sampling)
 
-    async def main() -> float:
-        client = InferenceClient([address], batch_window=0)  # the instant endpoint answers one request per POST
-        fn = make_episode_fn(make_env_cls(), agent, lambda rid: ClientLLM(tokenizer, client, rid=rid,
-                                                                           default_sampling=SAMPLING))
+    async def main() -> tuple[float, float]:
+        client = InferenceClient([setting.address], batch_window=setting.batch_window)
+        fn = make_episode_fn(make_env_cls(), agent, lambda rid: ClientLLM(setting.tokenizer, client, rid=rid,
+                                                                           default_sampling=sampling))
         counter = iter(range(n))
         failed, last_error = 0, ""
 
         async def worker() -> None:
             nonlocal failed, last_error
             for i in counter:
-                traj = await fn({"prompt": f"What is {i % 97} + {i % 89}?"}, i, f"ep-{i}")
-                if traj.status != "ok" or traj.num_generated != 1:
+                traj = await fn({"prompt": MESSAGE.format(a=i % 97, b=i % 89)}, i, f"ep-{i}")
+                if traj.status != "ok" or traj.num_generated != setting.new_tokens:
                     failed += 1
-                    last_error = f"{traj.status}: {traj.info.get('error', '')}"
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-        await client.aclose()
-        shared = _SHARED.pop("client", None)
-        if shared is not None:
-            await shared.close()
-        if failed:
-            raise RuntimeError(f"{kind}: {failed} episodes failed (the last: {last_error})")
-        return n / elapsed
+                    last_error = f"{traj.status} ({traj.num_generated} tokens): {traj.info.get('error', '')}"
+
+        try:
+            return await _timed(lambda: asyncio.gather(*(worker() for _ in range(concurrency))), n)
+        finally:
+            await client.aclose()
+            if close_agent is not None:
+                await close_agent()
+            if failed:
+                raise RuntimeError(f"{kind}: {failed} episodes failed (the last: {last_error})")
 
     return asyncio.run(main())
 
 
+def floor(transport: str, n: int, concurrency: int) -> tuple[float, float]:
+    """Calls/s and CPU ms a call of the official client alone against a canned aiohttp handler."""
+    from aiohttp import web
+
+    async def canned(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=CANNED, content_type="application/json")
+
+    async def main() -> tuple[float, float]:
+        app = web.Application()
+        app.router.add_post("/{key}/v1/chat/completions", canned)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        shared = official_client(transport)
+        counter = iter(range(n))
+
+        async def worker() -> None:
+            for i in counter:  # bound per call, as the http paths bind per episode
+                oc = shared.with_options(base_url=f"{url}/key{i}/v1", api_key=f"key{i}")
+                await oc.chat.completions.create(model="policy", messages=[
+                    {"role": "user", "content": MESSAGE.format(a=i % 97, b=i % 89)}])
+
+        try:
+            return await _timed(lambda: asyncio.gather(*(worker() for _ in range(concurrency))), n)
+        finally:
+            await shared.close()
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+def measure(setting: Setting, paths: list[str], args: argparse.Namespace, warm_up: bool = False) -> None:
+    """One repeat of every path in ``setting``, appended to its runs (``warm_up``: a short one, not kept)."""
+    for kind in paths:
+        n = args.episodes if setting.name == "instant" or kind.startswith("floor") else args.model_episodes
+        n = max(64, n // 20) if kind == "http_fresh" or warm_up else n
+        if kind.startswith("floor"):
+            eps, cpu = floor("aiohttp" if kind == "floor_aiohttp" else "httpx", n, args.concurrency)
+        else:
+            eps, cpu = play(kind, setting, n, args.concurrency)
+        if warm_up:
+            continue
+        setting.runs.setdefault(kind, []).append(eps)
+        setting.cpu.setdefault(kind, []).append(cpu)
+        print(f"{setting.name:8s} {kind:13s} {eps:8.1f} episodes/s  {cpu:6.3f} CPU ms/episode", flush=True)
+
+
+def summary(setting: Setting) -> dict[str, Any]:
+    """Best episodes/s (and least CPU ms) of each path, and the ratios between paths."""
+    best = {k: max(v) for k, v in setting.runs.items()}
+    cpu = {k: min(v) for k, v in setting.cpu.items()}
+    out: dict[str, Any] = {"new_tokens": setting.new_tokens, "eps_per_s": best, "cpu_ms_per_episode": cpu,
+                           "openai_vs_native": best["openai"] / best["native"]}
+    for kind in ("http", "http_aiohttp", "http_fresh"):
+        if kind in best:
+            out[f"{kind}_vs_openai"] = best[kind] / best["openai"]
+            out[f"{kind}_vs_openai_cpu"] = cpu["openai"] / cpu[kind]  # the same, by this process's CPU time
+    if "floor" in cpu:  # the HTTP path's best case: the episode's own work, plus one call at the floor
+        work = cpu["openai"]
+        out["http_bound_vs_openai"] = work / (work + cpu["floor"])
+        out["http_aiohttp_bound_vs_openai"] = work / (work + cpu["floor_aiohttp"])
+    out["runs"], out["cpu_runs"] = setting.runs, setting.cpu
+    return out
+
+
+def start_model_server(model: Path, log_dir: Path) -> Any:
+    """The embedded server on the tiny model, as a run starts it (one OpenMP thread)."""
+    from areal_agents.config import ExperimentConfig
+    from areal_agents.inference.launcher import launch_servers
+
+    cfg = ExperimentConfig()
+    cfg.inference.setup_timeout = 180.0
+    return launch_servers(cfg, model, 1, log_dir=log_dir, env={"OMP_NUM_THREADS": "1"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--episodes", type=int, default=4000)
+    parser.add_argument("--episodes", type=int, default=4000, help="episodes a path, instant endpoint")
+    parser.add_argument("--model-episodes", type=int, default=512, help="episodes a path, tiny model (0: skip)")
+    parser.add_argument("--new-tokens", type=int, default=24, help="tokens a reply, tiny model")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() after the warm-up: full collections skip what setup allocated")
     parser.add_argument("--out", default=str(RESULTS / "openai_overhead.json"))
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     from trainers.tiny_model import build_tiny_model
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        texts = [f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n" for a in range(50) for b in range(20)]
-        tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(texts, Path(tmp) / "m"))
-    proc, address = start_endpoint()
-    runs: dict[str, list[float]] = {"native": [], "openai": [], "http": [], "http_fresh": []}
-    try:
-        for _ in range(args.repeats):  # interleaved, so drifting load hits all alike
-            for kind in runs:
-                n = args.episodes if kind != "http_fresh" else max(64, args.episodes // 20)
-                runs[kind].append(measure(kind, address, tokenizer, n, args.concurrency))
-    finally:
-        proc.kill()
-        proc.wait()
-    best = {kind: max(values) for kind, values in runs.items()}
-    ratios = {"openai_vs_native": best["openai"] / best["native"], "http_vs_openai": best["http"] / best["openai"],
-              "http_fresh_vs_openai": best["http_fresh"] / best["openai"]}
-    result = {"benchmark": "openai_overhead", "episodes": args.episodes, "concurrency": args.concurrency,
-              "native_eps_per_s": best["native"], "openai_eps_per_s": best["openai"], "http_eps_per_s": best["http"],
-              "http_fresh_eps_per_s": best["http_fresh"], "ratio": ratios["openai_vs_native"], **ratios,
-              "runs": runs, "target_ratio": TARGET, "target_http_ratio": TARGET_HTTP,
-              "meets_target": ratios["openai_vs_native"] >= TARGET and ratios["http_vs_openai"] >= TARGET_HTTP}
+        texts = [f"<|im_start|>user\n{MESSAGE.format(a=a, b=b)}<|im_end|>\n" for a in range(50) for b in range(20)]
+        model = build_tiny_model(texts, Path(tmp) / "m")
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        proc, address = start_endpoint()
+        # the instant endpoint answers one request per POST: no batching window
+        instant = Setting("instant", address, tokenizer, new_tokens=1, batch_window=0.0)
+        server = start_model_server(model, Path(tmp) / "logs") if args.model_episodes else None
+        real = Setting("model", server.addresses[0] if server else "", tokenizer, args.new_tokens, batch_window=0.002)
+        try:
+            for rep in range(-1, args.repeats):  # a warm-up, then interleaved repeats: drifting load hits all alike
+                measure(instant, INSTANT_PATHS, args, warm_up=rep < 0)
+                if server is not None:
+                    measure(real, MODEL_PATHS, args, warm_up=rep < 0)
+                if rep < 0 and args.gc_freeze:  # what is alive after the warm-up is never scanned again
+                    gc.collect()
+                    gc.freeze()
+        finally:
+            proc.kill()
+            proc.wait()
+            if server is not None:
+                server.close()
+    fast, slow = summary(instant), summary(real) if server is not None else None
+    result = {"benchmark": "openai_overhead", "episodes": args.episodes, "model_episodes": args.model_episodes,
+              "concurrency": args.concurrency, "repeats": args.repeats, "gc_freeze": args.gc_freeze,
+              "load_avg_before": load_before[0], "load_avg_after": os.getloadavg()[0],
+              "native_eps_per_s": fast["eps_per_s"]["native"], "openai_eps_per_s": fast["eps_per_s"]["openai"],
+              "http_eps_per_s": fast["eps_per_s"]["http"], "ratio": fast["openai_vs_native"],
+              "http_vs_openai": fast["http_vs_openai"],
+              "model_http_vs_openai": slow["http_vs_openai"] if slow else None,
+              "target_ratio": TARGET, "target_http_ratio": TARGET_HTTP,
+              "meets_target": fast["openai_vs_native"] >= TARGET and fast["http_vs_openai"] >= TARGET_HTTP,
+              "instant": fast, "model": slow}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("instant", "model")}, indent=2))
+    for name, part in (("instant", fast), ("model", slow)):
+        if part is not None:
+            print(name, json.dumps({k: v for k, v in part.items() if not k.endswith("runs")}, indent=1))
     return 0
 
 

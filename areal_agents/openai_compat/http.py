@@ -190,7 +190,8 @@ class Endpoint:
 
     async def base_url(self, key: str) -> str:
         """The OpenAI base URL (``http://HOST:PORT/<key>/v1``) of the session under ``key``; starts serving."""
-        return f"{await self.start()}/{key}/v1"
+        url = self.url if self._runner is not None else await self.start()  # serving: no future per episode
+        return f"{url}/{key}/v1"
 
     def add(self, session: ChatSession, key: str | None = None) -> str:
         """Register ``session`` under ``key`` (default: a new one); returns the key."""

@@ -87,6 +87,32 @@ def test_episodes_share_one_server_under_their_own_keys(tokenizer: Any) -> None:
     assert all(url.endswith(f"/{key}/v1") for url, key in seen)
 
 
+def test_one_client_per_process_on_its_aiohttp_transport_reaches_each_episode(tokenizer: Any) -> None:
+    """The pattern the docs recommend for speed: one official client with its aiohttp transport,
+    bound to each episode with ``with_options``; every call lands in its own episode's record."""
+    shared: dict[str, Any] = {}
+
+    async def agent(client: Any, row: dict[str, Any]) -> None:
+        if "client" not in shared:
+            shared["client"] = openai.AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="-", max_retries=0,
+                                                  http_client=openai.DefaultAioHttpClient())
+        oc = shared["client"].with_options(base_url=await client.http_endpoint(), api_key=client.api_key)
+        for _ in range(2):
+            await oc.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+
+    async def main() -> list[Any]:
+        fn = make_episode_fn(Echo, OpenAIAgent(agent), lambda rid: InstantLLM(tokenizer))
+        try:
+            return await asyncio.gather(*(fn({"prompt": f"question {i}"}, i, f"ep-{i}") for i in range(16)))
+        finally:
+            await shared["client"].close()
+
+    trajs = asyncio.run(main())
+    assert [t.status for t in trajs] == ["ok"] * 16
+    assert [t.info["num_calls"] for t in trajs] == [2] * 16
+    assert all(f"question {i}<|im_end|>" in t.prompt_text for i, t in enumerate(trajs))
+
+
 def test_a_finished_episode_key_is_refused_and_the_server_ends_with_its_loop(tokenizer: Any) -> None:
     urls: list[str] = []
 
