@@ -322,8 +322,7 @@ class ClientLLM(LLM):
 
     ``rid`` identifies the episode (a fresh one is made when omitted), so every turn of
     the episode goes to the same server; ``default_sampling`` holds SGLang sampling
-    params applied to every call unless overridden. (Also importable from its former home,
-    ``areal_agents.inference.llm_client``.)
+    params applied to every call unless overridden.
     """
 
     def __init__(

@@ -31,7 +31,7 @@ SDK_MODULES = [
     "areal_agents.runtime.threads", "areal_agents.runtime.loop_thread", "areal_agents.runtime.lifeline",
     "areal_agents.runtime.stopping", "areal_agents.runtime.ids", "areal_agents.rollout",
     "areal_agents.rollout.process", "areal_agents.rollout.evaluation", "areal_agents.inference.client",
-    "areal_agents.inference.llm_client", "areal_agents.inference.sglang_version", "areal_agents.openai_compat.http",
+    "areal_agents.inference.sglang_version", "areal_agents.openai_compat.http",
     "areal_agents.testing",
 ]
 

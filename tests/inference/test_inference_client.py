@@ -18,9 +18,8 @@ from inference_support import make_models, start_servers
 
 from areal_agents.inference.client import InferenceClient, InferenceError
 from areal_agents.inference.launcher import ServerGroup, free_port
-from areal_agents.inference.llm_client import ClientLLM
 from areal_agents.inference.protocol import parse_generate_reply
-from areal_agents.llm import Generation
+from areal_agents.llm import ClientLLM, Generation
 
 
 @pytest.fixture(scope="module")

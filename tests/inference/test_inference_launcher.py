@@ -119,7 +119,7 @@ def test_close_kills_the_whole_process_group(tmp_path: Path) -> None:
 def test_client_side_modules_do_not_import_torch() -> None:
     import subprocess
 
-    code = ("import sys, areal_agents.inference.client, areal_agents.inference.llm_client, "
+    code = ("import sys, areal_agents.inference.client, "
             "areal_agents.inference.control, areal_agents.inference.launcher; "
             "assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -62,7 +62,7 @@ def test_the_episode_endpoint_answers_an_unanswered_request_with_an_error(silent
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "openai_compat"))
     from openai_support import build_model, load_tokenizer
 
-    from areal_agents.inference.llm_client import ClientLLM
+    from areal_agents.llm import ClientLLM
     from areal_agents.openai_compat.agent import OpenAIAgent
     from areal_agents.rollout.episode import make_episode_fn
     from envs.math import MathEnv

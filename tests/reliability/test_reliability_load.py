@@ -20,7 +20,7 @@ from areal_agents.config import RolloutConfig
 from areal_agents.data import arithmetic_dataset
 from areal_agents.env import make_env
 from areal_agents.inference.client import InferenceClient
-from areal_agents.inference.llm_client import ClientLLM
+from areal_agents.llm import ClientLLM
 from areal_agents.rewards import RewardRunner, math_reward, set_default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 

@@ -23,7 +23,7 @@ from areal_agents.env import Env
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import launch_servers
-from areal_agents.inference.llm_client import ClientLLM
+from areal_agents.llm import ClientLLM
 from areal_agents.openai_compat.agent import OpenAIAgent
 from areal_agents.rollout.episode import make_episode_fn
 

@@ -22,7 +22,7 @@ from areal_agents.config import RolloutConfig
 from areal_agents.env import Env
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
-from areal_agents.inference.llm_client import ClientLLM
+from areal_agents.llm import ClientLLM
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.types import Trajectory
 

@@ -26,7 +26,7 @@ from areal_agents.env import Env
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerHandle, launch_servers
-from areal_agents.inference.llm_client import ClientLLM
+from areal_agents.llm import ClientLLM
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.types import Trajectory
