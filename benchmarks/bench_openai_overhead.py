@@ -23,9 +23,10 @@ client per episode, fewer episodes). The ``floor`` paths time the official clien
 (default and aiohttp transport) against a bare aiohttp handler that returns a canned reply on
 the same loop, with no episode behind it: the least one HTTP call of that client costs here.
 Each path is timed in wall time (episodes/s) and in this process's CPU time per episode (the
-servers run in other processes), which shared machines disturb less (the ``*_cpu`` ratios). ``--gc-freeze`` freezes
-what is alive after the warm-up (:func:`gc.freeze`), so that the process's full garbage
-collections, which the HTTP paths trigger most, skip the tokenizer's and libraries' objects.
+servers run in other processes), which shared machines disturb less (the ``*_cpu`` ratios). What is alive after the warm-up is
+frozen (:func:`gc.freeze`), as the rollout process of a run freezes what its setup left alive,
+so that full garbage collections, which the HTTP paths trigger most, skip the tokenizer's and
+libraries' objects; ``--no-gc-freeze`` measures without.
 
     python benchmarks/bench_openai_overhead.py [--episodes 4000] [--model-episodes 512]
 
@@ -276,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=24, help="tokens a reply, tiny model")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() after the warm-up: full collections skip what setup allocated")
+    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                        help="no gc.freeze() after the warm-up (a run's rollout process freezes what its setup left alive)")
     parser.add_argument("--out", default=str(RESULTS / "openai_overhead.json"))
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer

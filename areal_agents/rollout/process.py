@@ -17,6 +17,7 @@ stops and asks for the rollout state first) and ends when the parent closes the 
 
 from __future__ import annotations
 
+import gc
 import io
 import itertools
 import os
@@ -136,6 +137,11 @@ def _child(fd: int) -> None:
         except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
             conn.send((0, False, _portable(exc)))
             return
+        # Whatever setup left alive (modules, tokenizer, config, the executor) stays alive for the
+        # whole run: frozen, it is never scanned again by the full collections that episodes'
+        # short-lived objects set off (the OpenAI path over HTTP triggers several per thousand).
+        gc.collect()
+        gc.freeze()
         conn.send((0, True, None))
         while True:
             seq, name, call_args = conn.recv()
