@@ -22,11 +22,10 @@ from typing import Any
 from aiohttp import web
 
 from areal_agents.inference.client import InferenceClient
-from areal_agents.inference.protocol import InferenceError
 from areal_agents.llm import Generation, Tokenizer
 from areal_agents.openai_compat.messages import MESSAGES
 from areal_agents.openai_compat.responses import RESPONSES
-from areal_agents.openai_compat.routes import translated
+from areal_agents.openai_compat.routes import as_api_error, read_json, translated
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
 from areal_agents.runtime.ids import new_key
@@ -70,18 +69,10 @@ def _session(request: web.Request) -> ChatSession:
 async def _chat(request: web.Request) -> web.StreamResponse:
     try:
         session = _session(request)
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(f"the request body is not valid JSON: {exc}") from None
-        req = parse_request(body)
+        req = parse_request(await read_json(request))
         completion = await session.create(req)
-    except APIError as err:
-        return _error(err)
-    except InferenceError as exc:
-        return _error(APIError(f"generation failed: {exc}", status=502, type="server_error"))
     except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving, and answers in OpenAI's shape
-        return _error(APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error"))
+        return _error(as_api_error(exc))
     if not req.stream:
         return web.json_response(completion)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -22,7 +22,7 @@ from areal_agents.inference.protocol import InferenceError
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession
 
-__all__ = ["API", "Event", "Handler", "bad", "joined_text", "raw_reply_text", "translated"]
+__all__ = ["API", "Event", "Handler", "as_api_error", "bad", "joined_text", "raw_reply_text", "read_json", "translated"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Event = tuple[str, dict[str, Any]]
@@ -87,6 +87,24 @@ def _sse(events: list[Event]) -> bytes:
     return b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events)
 
 
+async def read_json(request: web.Request) -> Any:
+    """The request's body parsed as JSON; a 400 :class:`APIError` when it is not JSON."""
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(f"the request body is not valid JSON: {exc}") from None
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """What an endpoint answers for ``exc``: an :class:`APIError` as it is, a failed generation
+    as a 502, anything else as a 500 (the endpoint keeps serving)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InferenceError):
+        return APIError(f"generation failed: {exc}", status=502, type="server_error")
+    return APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error")
+
+
 def translated(api: API, lookup: Callable[[web.Request], ChatSession]) -> Handler:
     """The aiohttp handler serving ``api`` on the session ``lookup(request)`` finds."""
 
@@ -96,10 +114,7 @@ def translated(api: API, lookup: Callable[[web.Request], ChatSession]) -> Handle
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             session = lookup(request)
-            try:
-                body = json.loads(await request.read())
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise APIError(f"the request body is not valid JSON: {exc}") from None
+            body = await read_json(request)
             if not isinstance(body, dict):
                 raise APIError("the request body must be a JSON object")
             try:
@@ -108,12 +123,8 @@ def translated(api: API, lookup: Callable[[web.Request], ChatSession]) -> Handle
                 raise _renamed(err, api.renamed) from None
             completion = await session.create(req)
             reply = api.reply(body, completion, raw_reply_text(session, completion))
-        except APIError as err:
-            return failure(err)
-        except InferenceError as exc:
-            return failure(APIError(f"generation failed: {exc}", status=502, type="server_error"))
         except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving, and answers in the API's shape
-            return failure(APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error"))
+            return failure(as_api_error(exc))
         if not body.get("stream"):
             return web.json_response(reply)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
