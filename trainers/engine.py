@@ -42,7 +42,7 @@ from trainers.lora import (
     merge_state,
     write_adapter_dir,
 )
-from trainers.prompt_packing import Packed, pack_prompts
+from trainers.prefix_packing import Packed, pack_prefixes
 from trainers.value_model import ValueModel
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class ShardedModel:
         """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``, 0 on padding."""
         attn = mb["attention_mask"].to(device)
         packed = self._packed(mb)
-        if packed is not None:  # the prompt a group's rows share runs once (trainers.prompt_packing)
+        if packed is not None:  # prefixes that rows share run once (trainers.prefix_packing)
             logits = self.model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                                 attention_mask=packed.attention_mask.to(device), use_cache=False).logits
             out = logits.reshape(-1, logits.shape[-1])[packed.gather.to(device)]
@@ -159,27 +159,19 @@ class ShardedModel:
         return logp * attn, (ent * attn if ent is not None else None)
 
     def _packed(self, mb: Batch) -> Packed | None:
-        """The micro-batch with shared prompts packed, when that saves compute (policy and reference).
+        """The micro-batch with shared prefixes packed, when that saves compute (policy and reference).
 
-        A packed sequence is as long as its group's suffixes together: it saves the copies of
-        the prompt but its attention grows with the square of its length, and a block mask keeps
-        attention off its fused causal kernels. So packing is taken only when it costs under 0.8
-        of the padded rows, counting per row ``L * (1 + L / (6 * hidden))``: the weights' FLOPs
-        per token (~24 h^2) against attention's (~4 L h). Single-turn groups (a long prompt, short
-        answers) pack; multi-turn ones (episodes far longer than their shared first prompt) do not.
+        Packing saves the copies of shared prefixes, but a packed sequence is longer than a row,
+        attention grows with the square of its length, and its tree mask keeps attention off the
+        fused causal kernels. So a layout is taken only when it costs under 0.8 of the padded
+        rows, counting per sequence ``L * (1 + L / (6 * hidden))``: the weights' FLOPs per token
+        (~24 h^2) against attention's (~4 L h).
         """
-        if not self.pack_prompts or "loss_mask" not in mb:
-            return None
-        packed = pack_prompts(mb["input_ids"], mb["loss_mask"], seq_lens(mb))
-        if packed is None:
+        if not self.pack_prompts:
             return None
         scale = 6.0 * int(getattr(self.config, "hidden_size", 1024))
-
-        def cost(ids: torch.Tensor) -> float:
-            rows, length = ids.shape[0], ids.shape[-1]
-            return rows * length * (1.0 + length / scale)
-
-        return packed if cost(packed.input_ids) < 0.8 * cost(mb["input_ids"]) else None
+        return pack_prefixes(mb["input_ids"], seq_lens(mb), lambda n, length: n * length * (1.0 + length / scale),
+                             margin=0.8)
 
     def clip_and_step(self, max_norm: float) -> float:
         """Clip gradients (``max_norm`` 0 = off), step unless the norm is not finite; return the norm."""

@@ -211,8 +211,9 @@ class ActorConfig(Section):
     max_grad_norm: float = f(1.0, "Gradient-norm clip; 0 disables.", ge(0))
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
     max_tokens_per_mb: int = f(8192, "Token budget of one micro-batch.", ge(1))
-    pack_prompts: bool = f(True, "Training forward passes run a prompt shared by a group's samples once (a "
-                                 "block attention mask), not once per sample: same numbers, fewer tokens.")
+    pack_prompts: bool = f(True, "Training forward passes run each prefix that samples share (a group's prompt, "
+                                 "a multi-turn group's common first turns) once, as a token trie with a tree "
+                                 "attention mask, when that is cheaper: same numbers, fewer tokens.")
     hsdp_replicate: int = f(1, "HSDP replicas: mesh is (replicate, world/replicate); 1 = full sharding.", ge(1))
     init_critic_from_actor: bool = f(True, "PPO: initialise the critic body from the actor.")
     critic_lr: float = f(1e-4, "PPO critic learning rate.")

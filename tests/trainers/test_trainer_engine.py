@@ -267,46 +267,54 @@ def _groups_sharing_prompts(n_groups: int, size: int, seed: int) -> list[Traject
     return out
 
 
-def test_long_episodes_after_a_short_shared_prompt_are_not_packed(model_dir: Path) -> None:
-    """A group of long multi-turn episodes packs into one sequence as long as all of them: its
-    attention costs more than the prompt copies it saves, so the engine trains the rows as they are."""
-    from trainers.batching import collate, seq_lens
-    from trainers.prompt_packing import pack_prompts
-
-    rng = random.Random(3)
+def _games(shared_turns: int, seed: int, turns: int | None = None) -> list[Trajectory]:
+    """Two groups of eight multi-turn episodes (a short prompt, ``turns`` or up to seven turns of a
+    short reply and the env's answer); the episodes of a group play the same first ``shared_turns`` turns."""
+    rng = random.Random(seed)
     trajs = []
     for g in range(2):
         prompt = [rng.randrange(2, VOCAB) for _ in range(6)]
+        opening = [[rng.randrange(2, VOCAB) for _ in range(3)] for _ in range(shared_turns)]
         for _ in range(8):
             ids, mask, spans = list(prompt), [0] * 6, []
-            for _ in range(rng.randint(1, 7)):  # up to seven turns of a game: a short reply, then the env's answer
+            for k in range(turns or rng.randint(max(1, shared_turns), 7)):
                 spans.append((len(ids), len(ids) + 3))
-                ids += [rng.randrange(2, VOCAB) for _ in range(3)] + [5, 6, 7, 8, 9, 10, 11, 12]
+                ids += (opening[k] if k < shared_turns else [rng.randrange(2, VOCAB) for _ in range(3)])
+                ids += [5, 6, 7, 8, 9, 10, 11, 12]
                 mask += [1, 1, 1] + [0] * 8
             traj = Trajectory(input_ids=ids, loss_mask=mask, logprobs=[-0.5 if m else 0.0 for m in mask],
                               versions=[0 if m else -1 for m in mask], turn_spans=spans, group_id=f"g{g}")
             traj.set_rewards([0.0] * (len(spans) - 1) + [1.0], 1.0)
             trajs.append(traj)
-    batch = collate(trajs)
-    packed = pack_prompts(batch["input_ids"], batch["loss_mask"], seq_lens(batch))
-    assert packed is not None and packed.input_ids.numel() < 0.8 * batch["input_ids"].numel()  # fewer tokens, but
+    return trajs
+
+
+def test_long_episodes_after_a_short_shared_prompt_are_not_packed(model_dir: Path) -> None:
+    """Episodes that share only a short prompt save too little to pay for a packed layout's longer
+    attention; a group whose episodes play the same first turns packs."""
+    from trainers.batching import collate, seq_lens
+    from trainers.prefix_packing import pack_prefixes
+
+    batch = collate(_games(0, seed=3, turns=6))  # rows of one length: nothing to save but the prompts
+    assert pack_prefixes(batch["input_ids"], seq_lens(batch)) is not None  # which save a few tokens, but
     engine = TrainEngine(make_cfg(pack_prompts=True, lr=1e-3), model_dir)
     assert engine.actor._packed(batch) is None
-    assert engine.actor._packed(collate(_groups_sharing_prompts(4, 8, seed=5))) is not None  # short answers still pack
+    assert engine.actor._packed(collate(_games(3, seed=3))) is not None
+    assert engine.actor._packed(collate(_groups_sharing_prompts(4, 8, seed=5))) is not None  # short answers too
 
 
-def test_packed_prompts_give_the_same_logprobs_loss_and_update(model_dir: Path) -> None:
+@pytest.mark.parametrize("kind", ["single-turn", "multi-turn"])
+def test_packed_prefixes_give_the_same_logprobs_loss_and_update(model_dir: Path, kind: str) -> None:
     from algorithms.specs import get_algorithm
     from trainers.batching import collate, seq_lens
-    from trainers.prompt_packing import pack_prompts
+    from trainers.prefix_packing import pack_prefixes
 
-    trajs = _groups_sharing_prompts(4, 8, seed=5)
+    trajs = _groups_sharing_prompts(4, 8, seed=5) if kind == "single-turn" else _games(3, seed=4)
     batch = collate(trajs)
-    packed = pack_prompts(batch["input_ids"], batch["loss_mask"], seq_lens(batch))
-    assert packed is not None and packed.input_ids.shape[0] == 4
+    packed = pack_prefixes(batch["input_ids"], seq_lens(batch))
+    assert packed is not None
     assert int(packed.attention_mask.sum()) < int(batch["attention_mask"].sum()) ** 2  # and far fewer tokens:
     assert sum(int(x) for x in (packed.input_ids != 0).sum(1)) < 0.8 * int(batch["attention_mask"].sum())
-    assert pack_prompts(batch["input_ids"][::8], batch["loss_mask"][::8], seq_lens(batch)[::8]) is None
 
     spec = get_algorithm("grpo")
     engines = {p: TrainEngine(make_cfg(pack_prompts=p, lr=1e-3), model_dir) for p in (False, True)}
