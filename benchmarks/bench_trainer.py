@@ -5,7 +5,10 @@ normalisation) with a plain PyTorch loop that pads every sequence to the batch m
 runs forward + backward + AdamW on the same tokens in fixed-size row chunks. Each method runs
 in its own subprocess (so peak RSS is its own); tokens/s counts real (unpadded) tokens.
 
-    python benchmarks/bench_trainer.py [--steps 4] [--batch 64] [--device cpu]
+    python benchmarks/bench_trainer.py [--steps 4] [--batch 64] [--device cpu] [--vocab 512]
+
+``--vocab`` sets the model's vocabulary (real LLMs have 32k-152k entries: their output layer
+and log-softmax, which the engine runs only at the trained tokens, then weigh much more).
 
 Writes ``benchmarks/results/trainer.json``.
 """
@@ -49,12 +52,12 @@ def _trajectories(n: int, vocab: int, seed: int) -> list[Any]:
     return out
 
 
-def _model_dir(root: Path) -> Path:
-    """The tiny default architecture (vocab 512, hidden 128, 4 layers), random weights."""
+def _model_dir(root: Path, vocab: int) -> Path:
+    """The tiny default architecture (hidden 128, 4 layers) with ``vocab`` entries, random weights."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       tie_word_embeddings=True, pad_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
@@ -81,7 +84,7 @@ def run_engine(model: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = TrainEngine(cfg, model)
     out: dict[str, Any] = {"step_s": [], "train_s": []}
     for step in range(args.steps + 1):  # step 0 warms up
-        trajs = _trajectories(args.batch, 512, seed=step)
+        trajs = _trajectories(args.batch, args.vocab, seed=step)
         t0 = time.perf_counter()
         batch = engine.to_batch(trajs)
         batch["prox_logp"] = engine.compute_logprobs(batch, 1.0)
@@ -106,7 +109,7 @@ def run_plain(model: str, args: argparse.Namespace) -> dict[str, Any]:
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     out: dict[str, Any] = {"step_s": []}
     for step in range(args.steps + 1):
-        trajs = _trajectories(args.batch, 512, seed=step)
+        trajs = _trajectories(args.batch, args.vocab, seed=step)
         t0 = time.perf_counter()
         t_max = max(len(t.input_ids) for t in trajs)
         ids = torch.zeros(len(trajs), t_max, dtype=torch.long)
@@ -156,6 +159,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--max-tokens-per-mb", type=int, default=4096)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--vocab", type=int, default=512, help="the model's vocabulary size")
     ap.add_argument("--method", choices=["engine", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--output", default=str(RESULTS))
@@ -164,12 +168,12 @@ def main() -> None:
         _child(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        model = _model_dir(Path(tmp))
+        model = _model_dir(Path(tmp), args.vocab)
         results: dict[str, Any] = {}
         for method in ("plain", "engine"):
             cmd = [sys.executable, __file__, "--method", method, "--model", str(model), "--steps", str(args.steps),
                    "--batch", str(args.batch), "--max-tokens-per-mb", str(args.max_tokens_per_mb),
-                   "--device", args.device]
+                   "--device", args.device, "--vocab", str(args.vocab)]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ})
             line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
             results[method] = json.loads(line[len("RESULT "):])
@@ -177,7 +181,8 @@ def main() -> None:
                   f"pad {results[method]['pad_ratio']:.2f}, peak {results[method]['peak_mem_mb']:.0f} MB")
     lengths = [p + r for p, r in _lengths(args.batch, 1)]
     report = {
-        "benchmark": "GRPO step, tiny Qwen2 (vocab 512, hidden 128, 4 layers), mixed lengths",
+        "benchmark": f"GRPO step, tiny Qwen2 (vocab {args.vocab}, hidden 128, 4 layers), mixed lengths",
+        "vocab": args.vocab,
         "batch": args.batch, "steps": args.steps, "max_tokens_per_mb": args.max_tokens_per_mb,
         "seq_len_min_mean_max": [min(lengths), sum(lengths) / len(lengths), max(lengths)],
         "device": args.device, "cpus": os.cpu_count(), "platform": platform.platform(),

@@ -33,6 +33,7 @@ from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
 from trainers.hf_io import TORCH_DTYPES, write_hf_dir
+from trainers.logprobs import head_only_at, logprobs_at, scored_tokens, token_logprobs
 from trainers.lora import (
     adapter_config,
     adapter_disabled,
@@ -60,20 +61,6 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-aligned ``log_softmax(logits / temperature)`` of the tokens that were fed.
-
-    ``logits`` [B,T,V] (position ``t`` predicts token ``t+1``), ``input_ids`` [B,T] →
-    logprobs [B,T] with index 0 = 0 and index ``t`` the logprob of ``input_ids[:, t]``;
-    with ``with_entropy`` also the entropy [B,T] of the distribution that produced token ``t``.
-    """
-    logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0)) if with_entropy else None
-    return torch.nn.functional.pad(logp, (1, 0)), ent
 
 
 def _plain_tensors(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
@@ -143,20 +130,30 @@ class ShardedModel:
 
     def forward(self, mb: Batch, device: torch.device, temperature: float,
                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``, 0 on padding."""
+        """Token-aligned logprobs (``lm``) or values (``value``) [B,T] for micro-batch ``mb``.
+
+        Values are 0 on padding; logprobs (and entropies) are 0 outside the scored tokens
+        (:func:`~trainers.logprobs.scored_tokens`: the loss mask), the only ones the output
+        layer runs for."""
         attn = mb["attention_mask"].to(device)
+        if self.kind == "value":  # values[:, t] = value of the state before token t
+            out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
+            return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
+        want = scored_tokens(mb).to(device)
+        rows, cols = want.nonzero(as_tuple=True)
+        src = rows * want.shape[1] + cols - 1  # the flat position that predicts each scored token
         packed = self._packed(mb)
         if packed is not None:  # prefixes that rows share run once (trainers.prefix_packing)
-            logits = self.model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
-                                attention_mask=packed.attention_mask.to(device), use_cache=False).logits
-            out = logits.reshape(-1, logits.shape[-1])[packed.gather.to(device)]
+            src = packed.gather.to(device).reshape(-1)[src]
+            inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                      "attention_mask": packed.attention_mask}
         else:
-            out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
-            if self.kind == "value":  # values[:, t] = value of the state before token t
-                return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
-            out = out.logits
-        logp, ent = token_logprobs(out, mb["input_ids"].to(device), temperature, with_entropy)
-        return logp * attn, (ent * attn if ent is not None else None)
+            inputs = {"input_ids": mb["input_ids"], "attention_mask": mb["attention_mask"]}
+        with head_only_at(self.model, src):
+            logits = self.model(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False).logits
+        lp, ent = logprobs_at(logits[0], mb["input_ids"].to(device)[rows, cols], temperature, with_entropy)
+        zeros = torch.zeros(want.shape, dtype=lp.dtype, device=device)
+        return zeros.index_put((rows, cols), lp), (zeros.index_put((rows, cols), ent) if ent is not None else None)
 
     def _packed(self, mb: Batch) -> Packed | None:
         """The micro-batch with shared prefixes packed, when that saves compute (policy and reference).

@@ -47,8 +47,11 @@ def test_logprobs_match_plain_forward(model_dir: Path) -> None:
         ids = torch.tensor([t.input_ids])
         logits = ref_model(input_ids=ids).logits[0]
         want = torch.log_softmax(logits[:-1] / 0.7, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        scored = torch.tensor(t.loss_mask[1:], dtype=torch.bool)  # the output layer runs only there
+        assert scored.any() and not scored.all()
         assert got[i, 0] == 0
-        torch.testing.assert_close(got[i, 1 : len(t.input_ids)], want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[i, 1 : len(t.input_ids)][scored], want[scored], atol=1e-5, rtol=1e-5)
+        assert torch.all(got[i, 1 : len(t.input_ids)][~scored] == 0)
         assert torch.all(got[i, len(t.input_ids) :] == 0)
 
 
@@ -147,7 +150,7 @@ def test_export_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -
     batch = engine.to_batch(trajs)
     want = engine.compute_logprobs(batch, temperature=1.0)
     logits = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    got = token_logprobs(logits, batch["input_ids"])[0] * batch["attention_mask"]
+    got = token_logprobs(logits, batch["input_ids"])[0] * batch["loss_mask"]  # the engine scores the loss mask
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 

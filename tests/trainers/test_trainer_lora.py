@@ -41,7 +41,7 @@ def plain_logprobs(model: torch.nn.Module, trajs: list) -> torch.Tensor:
     b = collate(trajs, pad_token_id=0)
     with torch.no_grad():
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-    return token_logprobs(logits, b["input_ids"])[0] * b["attention_mask"]
+    return token_logprobs(logits, b["input_ids"])[0] * b["loss_mask"]  # the engine scores the loss mask
 
 
 def test_only_adapters_train_and_the_reference_is_the_base(model_dir: Path) -> None:
