@@ -135,9 +135,9 @@ class ShardedModel:
         Values are 0 on padding; logprobs (and entropies) are 0 outside the scored tokens
         (:func:`~trainers.logprobs.scored_tokens`: the loss mask), the only ones the output
         layer runs for."""
-        attn = mb["attention_mask"].to(device)
+        attn, ids = mb["attention_mask"].to(device), mb["input_ids"].to(device)
         if self.kind == "value":  # values[:, t] = value of the state before token t
-            out = self.model(input_ids=mb["input_ids"].to(device), attention_mask=attn, use_cache=False)
+            out = self.model(input_ids=ids, attention_mask=attn, use_cache=False)
             return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
         want = scored_tokens(mb).to(device)
         rows, cols = want.nonzero(as_tuple=True)
@@ -148,10 +148,10 @@ class ShardedModel:
             inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
                       "attention_mask": packed.attention_mask}
         else:
-            inputs = {"input_ids": mb["input_ids"], "attention_mask": mb["attention_mask"]}
+            inputs = {"input_ids": ids, "attention_mask": attn}
         with head_only_at(self.model, src):
             logits = self.model(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False).logits
-        lp, ent = logprobs_at(logits[0], mb["input_ids"].to(device)[rows, cols], temperature, with_entropy)
+        lp, ent = logprobs_at(logits[0], ids[rows, cols], temperature, with_entropy)
         zeros = torch.zeros(want.shape, dtype=lp.dtype, device=device)
         return zeros.index_put((rows, cols), lp), (zeros.index_put((rows, cols), ent) if ent is not None else None)
 

@@ -25,16 +25,15 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     logprobs [B,T] with index 0 = 0 and index ``t`` the logprob of ``input_ids[:, t]``;
     with ``with_entropy`` also the entropy [B,T] of the distribution that produced token ``t``.
     """
-    logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0)) if with_entropy else None
-    return torch.nn.functional.pad(logp, (1, 0)), ent
+    logp, ent = logprobs_at(logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
+    pad = torch.nn.functional.pad
+    return pad(logp, (1, 0)), (pad(ent, (1, 0)) if ent is not None else None)
 
 
 def logprobs_at(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log_softmax(logits / temperature)`` of ``targets``: ``logits`` [K,V], ``targets`` [K] →
-    logprobs [K] (float32) and, with ``with_entropy``, the entropy [K] of each distribution."""
+    """``log_softmax(logits / temperature)`` of ``targets``: ``logits`` [...,V], ``targets`` [...]
+    → logprobs [...] (float32) and, with ``with_entropy``, the entropy [...] of each distribution."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return logp, (-(logp_all.exp() * logp_all).sum(-1) if with_entropy else None)
@@ -44,13 +43,10 @@ def scored_tokens(mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """[B,T] bool: the tokens whose logprob is used: the loss mask where the batch has one (else
     every real token), never a row's first token (nothing predicts it). A batch whose loss mask
     is empty scores its real tokens instead, so that every forward pass reaches the output layer."""
-    real = mb["attention_mask"].bool()
-    want = mb["loss_mask"].bool() & real if "loss_mask" in mb else real.clone()
-    want[:, 0] = False
-    if not bool(want.any()):
-        want = real.clone()
-        want[:, 0] = False
-    return want
+    real = mb["attention_mask"].bool().clone()
+    real[:, 0] = False
+    want = mb["loss_mask"].bool() & real if "loss_mask" in mb else real
+    return want if bool(want.any()) else real
 
 
 @contextmanager
