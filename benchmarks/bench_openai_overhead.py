@@ -10,8 +10,15 @@ here) and concurrency. Two settings, side by side in one run:
   ``bench_rollout_overhead.py``: one output token per request), so model time is removed and
   what is left is the cost of each path: chat template, tokenisation, client, and for the
   OpenAI paths also request checking, reply building and trajectory assembly;
-* ``model``: the embedded server generating with the tiny model (``--new-tokens`` tokens a
-  reply), the ratio a user sees in a run.
+* ``model``: the embedded server generating with the tiny model, every reply exactly
+  ``--new-tokens`` tokens: the worst case for the HTTP paths, since the 64 episodes of a wave
+  finish on the same decode step and the whole wave's client work then runs while the server
+  waits for the next wave;
+* ``varied``: the same server with replies of varying length, as a model's are (each sampled
+  token ends the reply with probability 1/``--new-tokens``: a set of stop ids that large a
+  share of the vocabulary, between 4 and twice ``--new-tokens`` tokens), so that episodes
+  finish at different steps and one's client work overlaps the others' decoding: the ratio a
+  user sees in a run.
 
 Paths: ``native`` (``ChatAgent``), ``openai`` (the in-process client,
 ``client.chat.completions.create``), ``http`` (the official ``openai`` client over HTTP to the
@@ -76,13 +83,25 @@ class Setting:
     tokenizer: Any
     new_tokens: int
     batch_window: float
+    varied: bool = False  # replies of varying length (stop ids), else exactly new_tokens
     runs: dict[str, list[float]] = field(default_factory=dict)  # path -> episodes/s of each repeat
     cpu: dict[str, list[float]] = field(default_factory=dict)  # path -> CPU ms an episode of each repeat
+    tokens: dict[str, list[float]] = field(default_factory=dict)  # path -> mean reply tokens of each repeat
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        """The fewest and most tokens a reply may have."""
+        n = self.new_tokens
+        return (min(4, n), 2 * n) if self.varied else (n, n)
 
     @property
     def sampling(self) -> dict[str, Any]:
-        n = self.new_tokens
-        return {"max_new_tokens": n, "min_new_tokens": n, "temperature": 1.0}
+        low, high = self.lengths
+        out: dict[str, Any] = {"max_new_tokens": high, "min_new_tokens": low, "temperature": 1.0}
+        if self.varied:  # the last 1/new_tokens of the vocabulary stops a reply (none is a special token)
+            vocab = len(self.tokenizer)
+            out["stop_token_ids"] = list(range(vocab - max(1, vocab // self.new_tokens), vocab))
+        return out
 
 
 def make_env_cls() -> type:
@@ -157,8 +176,8 @@ async def _timed(work: Callable[[], Awaitable[Any]], n: int) -> tuple[float, flo
     return n / wall, 1000 * cpu / n
 
 
-def play(kind: str, setting: Setting, n: int, concurrency: int) -> tuple[float, float]:
-    """Episodes/s and CPU ms an episode of ``n`` episodes of path ``kind`` in ``setting``."""
+def play(kind: str, setting: Setting, n: int, concurrency: int) -> tuple[float, float, float]:
+    """Episodes/s, CPU ms an episode and mean reply tokens of ``n`` episodes of path ``kind`` in ``setting``."""
     from areal_agents.inference.client import InferenceClient
     from areal_agents.llm import ClientLLM
     from areal_agents.rollout.episode import make_episode_fn
@@ -166,23 +185,26 @@ def play(kind: str, setting: Setting, n: int, concurrency: int) -> tuple[float, 
     sampling = setting.sampling
     agent, close_agent = make_agent(kind, sampling)
 
-    async def main() -> tuple[float, float]:
-        client = InferenceClient([setting.address], batch_window=setting.batch_window)
+    async def main() -> tuple[float, float, float]:
+        client = InferenceClient([setting.address], batch_window=setting.batch_window, stream_batches=True)  # as a run does
         fn = make_episode_fn(make_env_cls(), agent, lambda rid: ClientLLM(setting.tokenizer, client, rid=rid,
                                                                            default_sampling=sampling))
         counter = iter(range(n))
-        failed, last_error = 0, ""
+        failed, last_error, generated = 0, "", 0
+        low, high = setting.lengths
 
         async def worker() -> None:
-            nonlocal failed, last_error
+            nonlocal failed, last_error, generated
             for i in counter:
                 traj = await fn({"prompt": MESSAGE.format(a=i % 97, b=i % 89)}, i, f"ep-{i}")
-                if traj.status != "ok" or traj.num_generated != setting.new_tokens:
+                generated += traj.num_generated
+                if traj.status != "ok" or not low <= traj.num_generated <= high:
                     failed += 1
                     last_error = f"{traj.status} ({traj.num_generated} tokens): {traj.info.get('error', '')}"
 
         try:
-            return await _timed(lambda: asyncio.gather(*(worker() for _ in range(concurrency))), n)
+            eps, cpu = await _timed(lambda: asyncio.gather(*(worker() for _ in range(concurrency))), n)
+            return eps, cpu, generated / n
         finally:
             await client.aclose()
             if close_agent is not None:
@@ -232,21 +254,23 @@ def measure(setting: Setting, paths: list[str], args: argparse.Namespace, warm_u
         n = args.episodes if setting.name == "instant" or kind.startswith("floor") else args.model_episodes
         n = max(64, n // 20) if kind == "http_fresh" or warm_up else n
         if kind.startswith("floor"):
-            eps, cpu = floor("aiohttp" if kind == "floor_aiohttp" else "httpx", n, args.concurrency)
+            (eps, cpu), tokens = floor("aiohttp" if kind == "floor_aiohttp" else "httpx", n, args.concurrency), 1.0
         else:
-            eps, cpu = play(kind, setting, n, args.concurrency)
+            eps, cpu, tokens = play(kind, setting, n, args.concurrency)
         if warm_up:
             continue
         setting.runs.setdefault(kind, []).append(eps)
         setting.cpu.setdefault(kind, []).append(cpu)
-        print(f"{setting.name:8s} {kind:13s} {eps:8.1f} episodes/s  {cpu:6.3f} CPU ms/episode", flush=True)
+        setting.tokens.setdefault(kind, []).append(tokens)
+        print(f"{setting.name:8s} {kind:13s} {eps:8.1f} episodes/s  {cpu:6.3f} CPU ms/episode  "
+              f"{tokens:5.1f} tokens/reply", flush=True)
 
 
 def summary(setting: Setting) -> dict[str, Any]:
     """Best episodes/s (and least CPU ms) of each path, and the ratios between paths."""
     best = {k: max(v) for k, v in setting.runs.items()}
     cpu = {k: min(v) for k, v in setting.cpu.items()}
-    out: dict[str, Any] = {"new_tokens": setting.new_tokens, "eps_per_s": best, "cpu_ms_per_episode": cpu,
+    out: dict[str, Any] = {"new_tokens": setting.new_tokens, "varied_lengths": setting.varied, "eps_per_s": best, "cpu_ms_per_episode": cpu,
                            "openai_vs_native": best["openai"] / best["native"]}
     for kind in ("http", "http_aiohttp", "http_fresh"):
         if kind in best:
@@ -256,7 +280,8 @@ def summary(setting: Setting) -> dict[str, Any]:
         work = cpu["openai"]
         out["http_bound_vs_openai"] = work / (work + cpu["floor"])
         out["http_aiohttp_bound_vs_openai"] = work / (work + cpu["floor_aiohttp"])
-    out["runs"], out["cpu_runs"] = setting.runs, setting.cpu
+    out["runs"], out["cpu_runs"], out["tokens_per_reply_runs"] = setting.runs, setting.cpu, setting.tokens
+    out["reply_tokens"] = list(setting.lengths)
     return out
 
 
@@ -294,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         # the instant endpoint answers one request per POST: no batching window
         instant = Setting("instant", address, tokenizer, new_tokens=1, batch_window=0.0)
         server = start_model_server(model, Path(tmp) / "logs") if args.model_episodes else None
-        real = Setting("model", server.addresses[0] if server else "", tokenizer, args.new_tokens, batch_window=0.002)
+        at = server.addresses[0] if server else ""
+        real = Setting("model", at, tokenizer, args.new_tokens, batch_window=0.002)
+        varied = Setting("varied", at, tokenizer, args.new_tokens, batch_window=0.002, varied=True)
         try:
             for rep in range(-1, args.repeats):  # a warm-up, then interleaved repeats: drifting load hits all alike
                 measure(instant, INSTANT_PATHS, args, warm_up=rep < 0)
                 if server is not None:
                     measure(real, MODEL_PATHS, args, warm_up=rep < 0)
+                    measure(varied, MODEL_PATHS, args, warm_up=rep < 0)
                 if rep < 0 and args.gc_freeze:  # what is alive after the warm-up is never scanned again
                     gc.collect()
                     gc.freeze()
@@ -308,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait()
             if server is not None:
                 server.close()
-    fast, slow = summary(instant), summary(real) if server is not None else None
+    fast = summary(instant)
+    slow, mixed = (summary(real), summary(varied)) if server is not None else (None, None)
     result = {"benchmark": "openai_overhead", "episodes": args.episodes, "model_episodes": args.model_episodes,
               "concurrency": args.concurrency, "repeats": args.repeats, "gc_freeze": args.gc_freeze,
               "load_avg_before": load_before[0], "load_avg_after": os.getloadavg()[0],
@@ -316,13 +345,15 @@ def main(argv: list[str] | None = None) -> int:
               "http_eps_per_s": fast["eps_per_s"]["http"], "ratio": fast["openai_vs_native"],
               "http_vs_openai": fast["http_vs_openai"],
               "model_http_vs_openai": slow["http_vs_openai"] if slow else None,
+              "varied_http_vs_openai": mixed["http_vs_openai"] if mixed else None,
+              "varied_http_aiohttp_vs_openai": mixed["http_aiohttp_vs_openai"] if mixed else None,
               "target_ratio": TARGET, "target_http_ratio": TARGET_HTTP,
               "meets_target": fast["openai_vs_native"] >= TARGET and fast["http_vs_openai"] >= TARGET_HTTP,
-              "instant": fast, "model": slow}
+              "instant": fast, "model": slow, "varied": mixed}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("instant", "model")}, indent=2))
-    for name, part in (("instant", fast), ("model", slow)):
+    print(json.dumps({k: v for k, v in result.items() if k not in ("instant", "model", "varied")}, indent=2))
+    for name, part in (("instant", fast), ("model", slow), ("varied", mixed)):
         if part is not None:
             print(name, json.dumps({k: v for k, v in part.items() if not k.endswith("runs")}, indent=1))
     return 0

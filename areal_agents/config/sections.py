@@ -113,7 +113,8 @@ class InferenceConfig(Section):
                                "past it the request fails with a one-line error (the episode: server_error).", gt(0))
     request_retries: int = f(3, "Retries per request on connection errors and 5xx.", ge(0))
     batch_window: float = f(0.002, "Seconds a /generate request waits for others bound to the same server (a "
-                            "group's samples) to share one batched POST; 0 sends each request alone.", ge(0))
+                            "group's samples) to share one batched POST (streamed by the embedded server: each reply "
+                            "as it finishes); 0 sends each request alone.", ge(0))
     setup_timeout: float = f(120.0, "Seconds to wait for servers to become healthy.")
     max_batch_size: int = f(64, "Embedded server: maximum sequences decoded together.", ge(1))
     device: str = f("cpu", "Embedded server device (cpu or cuda).")

@@ -13,7 +13,9 @@ One :class:`InferenceClient` spreads ``/generate`` calls over several servers:
 * **request batching** — requests bound for one server within ``batch_window`` seconds of
   each other (a group's samples, say) travel in one batched ``/generate`` POST, which both
   sides parse once instead of once per request. A batch a server refuses with a 4xx is
-  re-sent one request at a time, so only a bad request fails.
+  re-sent one request at a time, so only a bad request fails. With ``stream_batches`` (the
+  embedded server) the batch is streamed and each request gets its reply as soon as it
+  finishes, not when the batch's longest one does.
 
 aiohttp sessions are bound to an event loop, so the client keeps one session per loop.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -105,6 +108,7 @@ class InferenceClient:
     lora_path: str | None = None
     batch_window: float = 0.002
     max_batch: int = 64
+    stream_batches: bool = False
 
     def __post_init__(self) -> None:
         if not self.addresses:
@@ -225,6 +229,9 @@ class InferenceClient:
         try:
             if len(members) == 1:
                 replies = [await self._send(idx, members[0].payload)]
+            elif self.stream_batches:  # settles each member as its reply arrives; any left over had none
+                await self._stream(idx, members)
+                replies = [_Retryable(f"{self.urls[idx]}: the streamed batch sent no reply for it")] * len(members)
             else:
                 replies = await self._send(idx, _batched([w.payload for w in members]))
                 if not isinstance(replies, list) or len(replies) != len(members):
@@ -243,20 +250,61 @@ class InferenceClient:
         for w, reply in zip(members, replies, strict=True):
             _settle(w, reply)
 
+    async def _stream(self, idx: int, members: list[_Waiting]) -> None:
+        """Send ``members`` as one streamed batch and settle each from its event (``index``,
+        the whole reply once ``finish_reason`` is set, or an ``error``) as it arrives."""
+        url = self.urls[idx] + "/generate"
+        self.stats["posts"] += 1
+        async with self._session().post(url, json={**_batched([w.payload for w in members]), "stream": True}) as resp:
+            if resp.status != 200:
+                await self._refusal(url, resp)
+            buffer = b""
+            async for chunk in resp.content.iter_any():
+                *events, buffer = (buffer + chunk).split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: [DONE]"):
+                        return
+                    if event.startswith(b"data:"):
+                        self._settle_event(url, members, event[5:])
+        raise _Retryable(f"{url}: the streamed batch ended before its [DONE]")
+
+    @staticmethod
+    def _settle_event(url: str, members: list[_Waiting], data: bytes) -> None:
+        try:
+            body = json.loads(data)
+            i = body["index"]
+            member = members[i] if type(i) is int and 0 <= i < len(members) else None
+        except (ValueError, TypeError, KeyError):
+            member = None
+        if member is None:
+            raise InferenceError(f"{url}: a streamed batch event has no valid 'index' (got {data[:100]!r})")
+        if "error" in body:  # one request failed on the server: worth a retry, as a 5xx
+            _settle(member, _Retryable(f"{url}: {str(body['error'])[:200]}"))
+        elif isinstance(body.get("meta_info"), dict) and body["meta_info"].get("finish_reason") is not None:
+            _settle(member, body)
+
+    @staticmethod
+    async def _refusal(url: str, resp: aiohttp.ClientResponse) -> None:
+        """Raise what a non-200 reply means: a 5xx is worth a retry, a 4xx names a bad request."""
+        if resp.status >= 500:
+            raise _Retryable(f"{url}: HTTP {resp.status}")
+        try:
+            body = await resp.json(content_type=None)
+        except ValueError:
+            raise InferenceError(f"{url}: reply is not JSON (HTTP {resp.status})") from None
+        msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
+        raise _Refused(f"{url}: HTTP {resp.status}: {msg or str(body)[:200]}")
+
     async def _send(self, idx: int, payload: dict[str, Any]) -> Any:
         url = self.urls[idx] + "/generate"
         self.stats["posts"] += 1
         async with self._session().post(url, json=payload) as resp:
-            if resp.status >= 500:
-                raise _Retryable(f"{url}: HTTP {resp.status}")
+            if resp.status != 200:
+                await self._refusal(url, resp)
             try:
-                body = await resp.json(content_type=None)
+                return await resp.json(content_type=None)
             except ValueError:
                 raise InferenceError(f"{url}: reply is not JSON (HTTP {resp.status})") from None
-            if resp.status != 200:
-                msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
-                raise _Refused(f"{url}: HTTP {resp.status}: {msg or str(body)[:200]}")
-            return body
 
     async def _post(self, payload: dict[str, Any], rid: str | None) -> tuple[Any, str]:
         """POST to a live server; a failed one is marked down and the next live one tried at

@@ -98,7 +98,6 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if not engine.paused:  # while paused (a sync swapping the adapter) requests wait; admission checks again
         _lora_routes.require_loaded(engine, specs)
     stream = flag(body.get("stream"), False, "'stream'")
-    require(not stream or len(specs) == 1, "'stream': true takes one prompt and sampling_params.n = 1")
     loop = asyncio.get_running_loop()
     start = time.monotonic()
     progress: asyncio.Queue[None] = asyncio.Queue()
@@ -110,7 +109,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         req = GenRequest(
             spec, budget=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
             done=_resolve_from_thread(fut),
-            on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream else None,
+            on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream and not as_list else None,
         )
         reqs.append(req)
         if req.budget <= 0 and spec.logprob_start_len < 0:  # nothing to compute
@@ -119,6 +118,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         else:
             engine.submit(req)
     try:
+        if stream and as_list:
+            return await _stream_each(request, specs, reqs, futures, start)
         if stream:
             return await _stream(request, specs[0], reqs[0], futures[0], progress, start)
         done = await asyncio.gather(*futures)
@@ -168,6 +169,36 @@ async def _stream(request: web.Request, spec: GenerateSpec, req: GenRequest, fut
         await resp.write_eof()
     except ConnectionResetError:  # the client went away mid-stream: free its batch slot
         engine.call(lambda: engine.abort_where(lambda r: r is req, "client disconnected"))
+    return resp
+
+
+async def _stream_each(request: web.Request, specs: list[GenerateSpec], reqs: list[GenRequest],
+                       futures: list[asyncio.Future[GenRequest]], start: float) -> web.StreamResponse:
+    """A streamed batch: server-sent events, each one member's whole reply with its ``index`` in
+    the batch, sent as that member finishes (a failed one: ``{"error": ..., "index": i}``), then
+    ``data: [DONE]``. Early finishers are not held back by the batch's longest member; unlike
+    SGLang, no event is sent before a member finishes."""
+    engine = request.app[_ENGINE]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    index = {fut: i for i, fut in enumerate(futures)}
+    pending: set[asyncio.Future[GenRequest]] = set(futures)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            events = []
+            for fut in sorted(done, key=index.__getitem__):
+                i, req = index[fut], fut.result()
+                body: dict[str, Any] = {"error": {"message": f"generation failed: {req.error}"}} if req.error else {
+                    **response_body(specs[i], req, len(req.output_ids), req.finish, engine.weight_version,
+                                    time.monotonic() - start, engine.tokenizer)}
+                events.append(b"data: " + json.dumps({**body, "index": i}).encode() + b"\n\n")
+            await resp.write(b"".join(events))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except ConnectionResetError:  # the client went away mid-stream: free the batch's slots
+        ids = {id(r) for r in reqs}
+        engine.call(lambda: engine.abort_where(lambda r: id(r) in ids, "client disconnected"))
     return resp
 
 

@@ -117,7 +117,7 @@ def add_serve_routes(app: web.Application, tokenizer: Tokenizer, max_new_tokens:
 
     def fallback(request: web.Request) -> ChatSession:
         url = f"http://{request.host}"
-        client = clients.get(url) or clients.setdefault(url, InferenceClient([url]))
+        client = clients.get(url) or clients.setdefault(url, InferenceClient([url], stream_batches=True))
 
         async def generate(ids: list[int], sampling: dict[str, Any], top: int) -> Generation:
             return await client.generate(ids, sampling, top_logprobs=top)

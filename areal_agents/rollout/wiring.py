@@ -63,7 +63,8 @@ def inference_client(cfg: ExperimentConfig, addresses: list[str], *, lora_path: 
 
     inf = cfg.inference
     return InferenceClient(addresses, schedule=inf.schedule, timeout=inf.request_timeout, retries=inf.request_retries,
-                           lora_path=lora_path, batch_window=inf.batch_window)
+                           lora_path=lora_path, batch_window=inf.batch_window,
+                           stream_batches=inf.backend == "embedded")
 
 
 def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:

@@ -84,16 +84,17 @@ def test_client_llm_records_tokens(pair: ServerGroup, models: tuple[Path, Path])
     assert llm.versions.count(0) == 8 and all(lp <= 0 for lp in llm.logprobs)
 
 
-def test_concurrent_requests_share_batched_posts_with_the_same_results(pair: ServerGroup) -> None:
-    """Requests bound for one server within the batch window travel in one POST; each gets
-    the reply it gets alone (greedy decoding, per-request token budgets)."""
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_concurrent_requests_share_batched_posts_with_the_same_results(pair: ServerGroup, stream: bool) -> None:
+    """Requests bound for one server within the batch window travel in one POST (streamed or
+    not); each gets the reply it gets alone (greedy decoding, per-request token budgets)."""
     prompts = [[1, 2, 3 + i] for i in range(12)]
 
     async def together(client: InferenceClient) -> list[Generation]:
         return await asyncio.gather(*(client.generate(p, {"max_new_tokens": 2 + i % 5, "temperature": 0.0})
                                       for i, p in enumerate(prompts)))  # fmt: skip
 
-    batched = InferenceClient(pair.addresses[:1])
+    batched = InferenceClient(pair.addresses[:1], stream_batches=stream)
     alone = InferenceClient(pair.addresses[:1], batch_window=0)
     got, want = run(together, batched), run(together, alone)
     assert batched.stats["requests"] == 12 and batched.stats["posts"] <= 2
@@ -103,7 +104,25 @@ def test_concurrent_requests_share_batched_posts_with_the_same_results(pair: Ser
     assert all(g.logprobs == pytest.approx(w.logprobs, abs=1e-4) for g, w in zip(got, want, strict=True))
 
 
-def test_a_bad_request_fails_alone_and_a_cancelled_one_leaves_its_batch_going(pair: ServerGroup) -> None:
+def test_a_streamed_batch_answers_each_request_when_it_finishes(pair: ServerGroup) -> None:
+    """In a streamed batch a short request gets its reply while a long one in the same POST is
+    still decoding (a whole batch answers when its longest request is done)."""
+
+    async def main(client: InferenceClient) -> tuple[Generation, bool, Generation]:
+        short = asyncio.ensure_future(client.generate([1, 2, 3], {"max_new_tokens": 2, "ignore_eos": True}))
+        long = asyncio.ensure_future(client.generate([1, 2, 4], {"max_new_tokens": 900, "ignore_eos": True}))
+        first = await short
+        return first, long.done(), await long
+
+    for stream in (True, False):
+        client = InferenceClient(pair.addresses[:1], stream_batches=stream)
+        first, long_done, second = run(main, client)
+        assert client.stats["posts"] == 1 and len(first.output_ids) == 2 and len(second.output_ids) == 900
+        assert long_done is not stream, "streamed: the short reply comes first; whole: both together"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_bad_request_fails_alone_and_a_cancelled_one_leaves_its_batch_going(pair: ServerGroup, stream: bool) -> None:
     """The server refuses a batch holding a too-long prompt (HTTP 400): the client re-sends its
     requests one at a time, so only the bad one fails. A request cancelled while its batch is
     on the way ends alone; the others get their replies."""
@@ -122,7 +141,7 @@ def test_a_bad_request_fails_alone_and_a_cancelled_one_leaves_its_batch_going(pa
         second = await asyncio.gather(*tasks, return_exceptions=True)
         return first, second
 
-    client = InferenceClient(pair.addresses[:1])
+    client = InferenceClient(pair.addresses[:1], stream_batches=stream)
     first, second = run(main, client)
     assert [len(g.output_ids) for g in first[:3]] == [4, 4, 4]
     assert isinstance(first[3], InferenceError) and "context length" in str(first[3])
@@ -242,6 +261,39 @@ def test_one_5xx_from_the_only_server_waits_for_its_reprobe_instead_of_failing(
     gens = run(main, client)
     assert [g.output_ids for g in gens] == [[5, 6]] * 4 and hits["generate"] == 5
     assert hits["health"] >= 1 and client.stats["failovers"] == 1  # they waited for a /health re-probe
+
+
+def _events(*bodies: bytes, done: bool = True) -> bytes:
+    return b"".join(b"data: " + body + b"\n\n" for body in bodies) + (b"data: [DONE]\n\n" if done else b"")
+
+
+def _indexed(i: int, body: bytes = GOOD) -> bytes:
+    return body[:-1] + b', "index": ' + str(i).encode() + b"}"
+
+
+def test_streamed_batch_faults(faulty: tuple[str, list, Counter]) -> None:
+    """A streamed batch whose events come in any order settles each request; one that ends
+    before ``[DONE]`` or misses a request is retried; an event without a valid ``index`` fails
+    the batch in one line; an ``error`` event is retried for its request alone."""
+    addr, replies, hits = faulty
+
+    def both() -> list[Any]:
+        client = InferenceClient([addr], stream_batches=True, retries=2, backoff=0.0, reprobe_after=0.0)
+        return run(lambda c: asyncio.gather(c.generate([1], SAMPLING), c.generate([2], SAMPLING),
+                                            return_exceptions=True), client)  # fmt: skip
+
+    replies.append((200, _events(_indexed(1), _indexed(0, GOOD.replace(b'"4"', b'"7"')))))
+    got = both()
+    assert [g.versions for g in got] == [[7, 7], [4, 4]] and hits["generate"] == 1
+    replies[:] = [(200, _events(_indexed(0), done=False)), (200, GOOD)]
+    got = both()  # the cut stream settled request 0; request 1 is sent again, alone
+    assert all(isinstance(g, Generation) for g in got) and hits["generate"] == 3
+    replies[:] = [(200, _events(_indexed(0), b'{"error": {"message": "boom"}, "index": 1}')), (200, GOOD)]
+    assert all(isinstance(g, Generation) for g in both()) and hits["generate"] == 5
+    replies[:] = [(200, _events(GOOD))]
+    got = both()
+    assert all(isinstance(g, InferenceError) and "no valid 'index'" in str(g) for g in got)
+    assert hits["generate"] == 6
 
 
 def test_abort_replies_are_resumed_with_the_remaining_budget(faulty: tuple[str, list, Counter]) -> None:

@@ -246,8 +246,7 @@ BAD_BODIES: list[Any] = [
     {"input_ids": [1], "sampling_params": {"n": 0}}, {"input_ids": [1], "sampling_params": {"stop": [1]}},
     {"input_ids": [1], "sampling_params": {"stop_token_ids": [99999]}}, {"input_ids": [1], "sampling_params": {"bogus": 1}},
     {"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, {"input_ids": [1], "return_logprob": "yes"},
-    {"input_ids": [1], "rid": 5}, {"input_ids": [[1], [2]], "rid": ["a"]}, {"input_ids": [[1], [2]], "stream": True},
-    {"input_ids": [1], "stream": "yes"}, {"input_ids": [1], "stream": True, "sampling_params": {"n": 2}},
+    {"input_ids": [1], "rid": 5}, {"input_ids": [[1], [2]], "rid": ["a"]}, {"input_ids": [1], "stream": "yes"},
     {"input_ids": [1], "unknown_field": 1}, {"input_ids": [1] * 5000},
     {"input_ids": [1], "sampling_params": {"temperature": float("nan")}},
 ]  # fmt: skip
@@ -302,6 +301,26 @@ def test_stream_sends_the_reply_token_by_token(server: ServerHandle, models: tup
     assert got == pytest.approx(want, abs=1e-5)
     for a, b in zip(replies[:-1], replies[1:], strict=True):  # every event extends the one before
         assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
+
+
+def test_a_streamed_batch_sends_each_reply_when_it_finishes(server: ServerHandle) -> None:
+    """A batch with ``stream``: one event per request, its whole reply and its ``index``, in the
+    order they finish (the short one first), each the reply the batch gives without streaming."""
+    body = {"input_ids": [[5, 9, 12], [5, 9, 13], [7]], "return_logprob": True,
+            "sampling_params": [{"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in (300, 3, 40)]}
+    whole = generate(server, **body)
+    resp = post(server, "/generate", {**body, "stream": True})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = _events(resp.content)
+    assert events[-1] == "[DONE]" and [e["index"] for e in events[:-1]] == [1, 2, 0]
+    for event in events[:-1]:
+        want = whole[event.pop("index")]
+        assert event["output_ids"] == want["output_ids"] and event["meta_info"]["finish_reason"]["type"] == "length"
+        got = [lp for lp, _, _ in event["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx([lp for lp, _, _ in want["meta_info"]["output_token_logprobs"]], abs=1e-5)
+    samples = _events(post(server, "/generate", {"input_ids": [5], "stream": True,
+                                                 "sampling_params": {"n": 2, "max_new_tokens": 4}}).content)
+    assert sorted(e["index"] for e in samples[:-1]) == [0, 1] and samples[-1] == "[DONE]"
 
 
 def test_a_stream_reader_that_goes_away_frees_its_batch_slot(server: ServerHandle) -> None:
