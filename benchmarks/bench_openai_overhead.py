@@ -18,7 +18,9 @@ here) and concurrency. Two settings, side by side in one run:
   token ends the reply with probability 1/``--new-tokens``: a set of stop ids that large a
   share of the vocabulary, between 4 and twice ``--new-tokens`` tokens), so that episodes
   finish at different steps and one's client work overlaps the others' decoding: the ratio a
-  user sees in a run.
+  user sees in a run. The client streams its batched POSTs, as a run's does with the embedded
+  server (each request settled as it finishes); ``--whole-batches`` waits for a batch's whole
+  reply instead, as with SGLang and before streamed batches.
 
 Paths: ``native`` (``ChatAgent``), ``openai`` (the in-process client,
 ``client.chat.completions.create``), ``http`` (the official ``openai`` client over HTTP to the
@@ -84,6 +86,7 @@ class Setting:
     new_tokens: int
     batch_window: float
     varied: bool = False  # replies of varying length (stop ids), else exactly new_tokens
+    stream_batches: bool = True  # as a run with the embedded server does; False: a batch answers when all are done
     runs: dict[str, list[float]] = field(default_factory=dict)  # path -> episodes/s of each repeat
     cpu: dict[str, list[float]] = field(default_factory=dict)  # path -> CPU ms an episode of each repeat
     tokens: dict[str, list[float]] = field(default_factory=dict)  # path -> mean reply tokens of each repeat
@@ -186,7 +189,8 @@ def play(kind: str, setting: Setting, n: int, concurrency: int) -> tuple[float, 
     agent, close_agent = make_agent(kind, sampling)
 
     async def main() -> tuple[float, float, float]:
-        client = InferenceClient([setting.address], batch_window=setting.batch_window, stream_batches=True)  # as a run does
+        client = InferenceClient([setting.address], batch_window=setting.batch_window,
+                                 stream_batches=setting.stream_batches)
         fn = make_episode_fn(make_env_cls(), agent, lambda rid: ClientLLM(setting.tokenizer, client, rid=rid,
                                                                            default_sampling=sampling))
         counter = iter(range(n))
@@ -304,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                         help="no gc.freeze() after the warm-up (a run's rollout process freezes what its setup left alive)")
+    parser.add_argument("--whole-batches", action="store_true",
+                        help="the client waits for a batched POST's whole reply (as with SGLang), not each request's")
     parser.add_argument("--out", default=str(RESULTS / "openai_overhead.json"))
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
@@ -320,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         instant = Setting("instant", address, tokenizer, new_tokens=1, batch_window=0.0)
         server = start_model_server(model, Path(tmp) / "logs") if args.model_episodes else None
         at = server.addresses[0] if server else ""
-        real = Setting("model", at, tokenizer, args.new_tokens, batch_window=0.002)
-        varied = Setting("varied", at, tokenizer, args.new_tokens, batch_window=0.002, varied=True)
+        streamed = not args.whole_batches
+        real = Setting("model", at, tokenizer, args.new_tokens, batch_window=0.002, stream_batches=streamed)
+        varied = Setting("varied", at, tokenizer, args.new_tokens, batch_window=0.002, varied=True,
+                         stream_batches=streamed)
         try:
             for rep in range(-1, args.repeats):  # a warm-up, then interleaved repeats: drifting load hits all alike
                 measure(instant, INSTANT_PATHS, args, warm_up=rep < 0)
@@ -340,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     slow, mixed = (summary(real), summary(varied)) if server is not None else (None, None)
     result = {"benchmark": "openai_overhead", "episodes": args.episodes, "model_episodes": args.model_episodes,
               "concurrency": args.concurrency, "repeats": args.repeats, "gc_freeze": args.gc_freeze,
+              "streamed_batches": not args.whole_batches,
               "load_avg_before": load_before[0], "load_avg_after": os.getloadavg()[0],
               "native_eps_per_s": fast["eps_per_s"]["native"], "openai_eps_per_s": fast["eps_per_s"]["openai"],
               "http_eps_per_s": fast["eps_per_s"]["http"], "ratio": fast["openai_vs_native"],

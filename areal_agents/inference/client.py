@@ -212,7 +212,7 @@ class InferenceClient:
             return await waiting.reply
         except asyncio.CancelledError:
             waiting.cancelled = True  # its batch goes on for the others; a batch nobody waits for is cancelled
-            if waiting.post is not None and all(w.cancelled for w in waiting.members or ()):
+            if waiting.post is not None and all(w.cancelled or w.reply.done() for w in waiting.members or ()):
                 waiting.post.cancel()
             raise
 

@@ -121,6 +121,31 @@ def test_a_streamed_batch_answers_each_request_when_it_finishes(pair: ServerGrou
         assert long_done is not stream, "streamed: the short reply comes first; whole: both together"
 
 
+def test_a_streamed_batch_whose_last_waiter_is_cancelled_stops(pair: ServerGroup) -> None:
+    """Once one request of a streamed batch has its reply and the other is cancelled, nobody
+    waits for the POST: it is cancelled and the server stops decoding the long request."""
+    import httpx
+
+    def generated() -> int:
+        return int(httpx.get(pair[0].url + "/server_info").json()["batching"]["generated_tokens"])
+
+    async def main(client: InferenceClient) -> None:
+        short = asyncio.ensure_future(client.generate([1, 2, 3], {"max_new_tokens": 2, "ignore_eos": True}))
+        long = asyncio.ensure_future(client.generate([1, 2, 4], {"max_new_tokens": 1000, "ignore_eos": True}))
+        await short
+        long.cancel()
+        await asyncio.gather(long, return_exceptions=True)
+        await asyncio.sleep(0)  # the POST's task sees its cancellation
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()], "the POST is still running"
+
+    before = generated()
+    run(main, InferenceClient(pair.addresses[:1], stream_batches=True))
+    deadline = time.monotonic() + 30
+    while httpx.get(pair[0].url + "/server_info").json()["batching"]["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert generated() - before < 1000
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_bad_request_fails_alone_and_a_cancelled_one_leaves_its_batch_going(pair: ServerGroup, stream: bool) -> None:
     """The server refuses a batch holding a too-long prompt (HTTP 400): the client re-sends its
