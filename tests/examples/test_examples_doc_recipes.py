@@ -177,7 +177,10 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
                                                       "examples/custom_algorithm is the runnable one",
         "# train.py": "tests/examples/test_examples_docs.py::test_customize_train_script_with_its_agent_trains_as_written",
     },
-    "docs/byo_agent.md": {"# my_agent.py": "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written"},
+    "docs/byo_agent.md": {
+        "# my_agent.py": "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written",
+        "# math_http_agent.py: areal-agents run --env math agent=math-http imports=[math_http_agent.py]":
+            "tests/examples/test_examples_openai_agent.py::test_byo_doc_http_agent_trains_as_written"},
     "examples/openai_agents_sdk/README.md": {
         "openai_client = AsyncOpenAI(base_url=await client.http_endpoint(), api_key=client.api_key, max_retries=0)":
             "tests/examples/test_examples_agent_frameworks.py::test_readme_excerpts_are_the_example_code"},

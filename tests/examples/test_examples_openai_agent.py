@@ -71,6 +71,19 @@ def test_byo_doc_agent_trains_as_written(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_byo_doc_http_agent_trains_as_written(tmp_path: Path) -> None:
+    """The page's official-client agent over HTTP (one client per event loop) trains and evaluates:
+    the run calls it on several loops (the one-row check, the rollout process, the evals)."""
+    first = "# math_http_agent.py: "
+    code = _block("docs/byo_agent.md", first)
+    (tmp_path / "math_http_agent.py").write_text(code)
+    command = shlex.split(code.splitlines()[0].removeprefix(first))
+    run_command([*command, *TINY, "eval.every=1", f"output_dir={tmp_path / 'runs'}"], tmp_path, cwd=tmp_path)
+    steps = train_steps(tmp_path / "runs" / "math" / "trial")
+    assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
+
+
+@pytest.mark.slow
 def test_example_config_trains(tmp_path: Path) -> None:
     run_command(["areal-agents", "run", "--config", "examples/openai_agent/config.yaml", *TINY,
                  f"output_dir={tmp_path / 'runs'}"], tmp_path)
