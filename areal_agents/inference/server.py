@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from areal_agents.inference import _lora_routes
+from areal_agents.inference._events import stream_each, stream_one
 from areal_agents.inference._weights import WeightGroups, load_state_dict
 from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, parse_generate, require, response_body
 
@@ -119,9 +120,9 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             engine.submit(req)
     try:
         if stream and as_list:
-            return await _stream_each(request, specs, reqs, futures, start)
+            return await stream_each(request, engine, specs, reqs, futures, start)
         if stream:
-            return await _stream(request, specs[0], reqs[0], futures[0], progress, start)
+            return await stream_one(request, engine, specs[0], reqs[0], futures[0], progress, start)
         done = await asyncio.gather(*futures)
     except asyncio.CancelledError:  # the client went away: free its batch slots
         ids = {id(r) for r in reqs}
@@ -136,70 +137,6 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         for spec, r in zip(specs, done, strict=True)
     ]
     return web.json_response(bodies if as_list else bodies[0])
-
-
-async def _stream(request: web.Request, spec: GenerateSpec, req: GenRequest, fut: asyncio.Future[GenRequest],
-                  progress: asyncio.Queue[None], start: float) -> web.StreamResponse:
-    """Server-sent events as SGLang sends them: ``data: {reply so far}`` per new token (text,
-    ids and logprobs cumulative, ``finish_reason`` null until the last), then ``data: [DONE]``."""
-    engine = request.app[_ENGINE]
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-
-    async def send(n: int, finish: dict[str, Any] | None) -> None:
-        body = response_body(spec, req, n, finish, engine.weight_version, time.monotonic() - start, engine.tokenizer)
-        await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
-
-    sent = 0
-    try:
-        while not fut.done():
-            waiter: asyncio.Future[Any] = asyncio.ensure_future(progress.get())
-            await asyncio.wait([waiter, fut], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            n = len(req.output_ids)
-            if not fut.done() and n > sent:
-                await send(n, None)
-                sent = n
-        if req.error:
-            error = {"error": {"message": f"generation failed: {req.error}"}}
-            await resp.write(b"data: " + json.dumps(error).encode() + b"\n\n")
-        else:
-            await send(len(req.output_ids), req.finish)
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-    except ConnectionResetError:  # the client went away mid-stream: free its batch slot
-        engine.call(lambda: engine.abort_where(lambda r: r is req, "client disconnected"))
-    return resp
-
-
-async def _stream_each(request: web.Request, specs: list[GenerateSpec], reqs: list[GenRequest],
-                       futures: list[asyncio.Future[GenRequest]], start: float) -> web.StreamResponse:
-    """A streamed batch: server-sent events, each one member's whole reply with its ``index`` in
-    the batch, sent as that member finishes (a failed one: ``{"error": ..., "index": i}``), then
-    ``data: [DONE]``. Early finishers are not held back by the batch's longest member; unlike
-    SGLang, no event is sent before a member finishes."""
-    engine = request.app[_ENGINE]
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    index = {fut: i for i, fut in enumerate(futures)}
-    pending: set[asyncio.Future[GenRequest]] = set(futures)
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            events = []
-            for fut in sorted(done, key=index.__getitem__):
-                i, req = index[fut], fut.result()
-                body: dict[str, Any] = {"error": {"message": f"generation failed: {req.error}"}} if req.error else {
-                    **response_body(specs[i], req, len(req.output_ids), req.finish, engine.weight_version,
-                                    time.monotonic() - start, engine.tokenizer)}
-                events.append(b"data: " + json.dumps({**body, "index": i}).encode() + b"\n\n")
-            await resp.write(b"".join(events))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-    except ConnectionResetError:  # the client went away mid-stream: free the batch's slots
-        ids = {id(r) for r in reqs}
-        engine.call(lambda: engine.abort_where(lambda r: id(r) in ids, "client disconnected"))
-    return resp
 
 
 def _resolve_from_thread(fut: asyncio.Future[GenRequest]) -> Callable[[GenRequest], object]:
