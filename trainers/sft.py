@@ -287,6 +287,34 @@ def _corpus_text(env: Env, row: dict[str, Any]) -> str:
                                                    add_generation_prompt=False)
 
 
+def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget_s: float = 10.0) -> list[str]:
+    """What ``env`` answers to wrong first replies, for the tokenizer to learn: an empty reply
+    and another row's reference, on each of the first ``n`` rows (at most ``budget_s`` seconds;
+    an env that fails is skipped). A reference conversation shows only the answers a methodical
+    player gets, but a policy also reads ``Invalid expression.`` and the like, which a tokenizer
+    that never saw them spells out byte by byte. A single-turn env answers nothing."""
+    from areal_agents.env import is_messages
+
+    out: list[str] = []
+    deadline = time.monotonic() + budget_s
+    rows = list(rows[:n])
+    for i, row in enumerate(rows):
+        other = env.reference_completion(rows[(i + 1) % len(rows)]) or ""
+        for action in dict.fromkeys(("", other)):
+            if time.monotonic() > deadline:
+                return out
+            try:
+                env.reset(seed=0, options=dict(row))
+                obs = env.step(action)[0]
+            except Exception:  # noqa: BLE001  (a probe only: the env checker reports failing envs)
+                continue
+            if is_messages(obs):
+                out.extend(str(m.get("content") or "") for m in obs)
+            elif obs:
+                out.append(str(obs))
+    return out
+
+
 def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]]) -> str:
     """Hash of what decides the warm-started weights: the training rows themselves (not the data
     config, so eval and test-split settings do not rebuild it), env, SFT settings, base model, seed."""
@@ -335,7 +363,14 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
         test_rows = test_rows[:_CHECK_ROWS]
 
-    base = ensure_tiny_model(cfg.env.name, lambda: [_corpus_text(env, r) for r in train_rows[:5000]])
+    def corpus() -> list[str]:
+        probe = make_env(cfg.env.name, **cfg.env.kwargs)
+        try:
+            return [*(_corpus_text(env, r) for r in train_rows[:5000]), *_probe_replies(probe, train_rows)]
+        finally:
+            probe.close()
+
+    base = ensure_tiny_model(cfg.env.name, corpus)
     out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out

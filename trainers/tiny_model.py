@@ -9,9 +9,9 @@ same files. ``ensure_tiny_model`` caches the result under :func:`cache_dir`.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -23,6 +23,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
     "PAD_TOKEN",
+    "ROLE_HEADERS",
     "SPECIAL_TOKENS",
     "build_tiny_model",
     "cache_dir",
@@ -34,6 +35,19 @@ EOS_TOKEN = "<|im_end|>"
 BOS_TOKEN = "<|im_start|>"
 PAD_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
+
+# Every message the chat template writes starts with a header, ``<|im_start|>user\n``, and every
+# one after the first also with the newline that ends the message before it. Each header is one
+# token, alone and with that newline (``\n<|im_start|>user\n``): spelled out it is 3-4 tokens, and
+# a multi-turn episode has two headers a turn, each costing prefill on the server and a
+# forward/backward in the trainer for every token the model writes. The rendered text is plain
+# ChatML; only its tokenization is shorter (a tokenizer matches the longest added token).
+_ROLES = ("user", "assistant", "system", "tool")
+ROLE_HEADERS = tuple(f"{nl}{BOS_TOKEN}{role}\n" for nl in ("", "\n") for role in _ROLES)
+_ADDED_TOKENS = (*SPECIAL_TOKENS, *ROLE_HEADERS)
+# The text between markers is what the BPE learns from: the markers' pieces (``<|``, ``im``) would
+# take merges that encoding never uses, since every marker is one added token.
+_MARKERS = re.compile("|".join(re.escape(t) for t in sorted(_ADDED_TOKENS, key=len, reverse=True)))
 
 # ChatML, as Qwen models use it: every message is "<|im_start|>role\ncontent<|im_end|>\n". With
 # ``tools`` (OpenAI function specs) the tool format of Qwen2.5/Hermes models, with the specs
@@ -78,12 +92,7 @@ _SPLIT_REGEX = (
 )
 
 # Bump when the builder's output changes, so cached models are rebuilt.
-_BUILDER_VERSION = 4
-
-# Role names the chat template writes into every prompt: the tokenizer learns each as one
-# token, so a rendered prompt is about half as long as spelled out byte by byte (every prompt
-# token costs prefill on the server and a forward/backward in the trainer).
-_ROLES = ("user", "assistant", "system", "tool")
+_BUILDER_VERSION = 5
 
 _DEFAULTS: dict[str, Any] = {
     "vocab_size": 512,
@@ -104,7 +113,8 @@ def cache_dir() -> Path:
 
 
 def _train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
-    """Train a byte-level BPE tokenizer (one token per digit, one per chat role) with ChatML special tokens."""
+    """Train a byte-level BPE tokenizer (one token per digit) with ChatML's special tokens and one
+    token per message header (:data:`ROLE_HEADERS`), learning merges from the text between them."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -119,12 +129,12 @@ def _train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(_ADDED_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    # each text with the role names, as often as a rendered prompt shows them
-    tok.train_from_iterator(itertools.chain.from_iterable((str(t), *_ROLES) for t in texts), trainer=trainer)
+    pieces = (p for t in texts for p in _MARKERS.split(str(t)) if p)
+    tok.train_from_iterator(pieces, trainer=trainer)
     return tok
 
 
@@ -144,14 +154,14 @@ def build_tiny_model(
     """Train a tokenizer on ``texts``, initialise a tiny Qwen2 LM, save both to ``out_dir``.
 
     ``vocab_size`` is an upper bound: the BPE vocabulary has at most that many entries
-    (259 = 256 bytes + 3 specials at least) and the model's embedding matches it exactly.
+    (267 = 256 bytes + 3 specials + 8 message headers at least) and the model's embedding matches it exactly.
     Returns ``out_dir`` as a :class:`Path`; deterministic in ``texts`` and the keywords.
     """
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (got {vocab_size})")
+    if vocab_size < 256 + len(_ADDED_TOKENS):
+        raise ValueError(f"vocab_size must be >= {256 + len(_ADDED_TOKENS)} (got {vocab_size})")
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError("hidden_size must divide by num_heads and num_heads by num_kv_heads")
     out = Path(out_dir)
@@ -164,7 +174,7 @@ def build_tiny_model(
         pad_token=PAD_TOKEN,
         bos_token=None,
         unk_token=None,
-        additional_special_tokens=[BOS_TOKEN],
+        additional_special_tokens=[BOS_TOKEN, *ROLE_HEADERS],
         model_max_length=max_position_embeddings,
         clean_up_tokenization_spaces=False,
     )

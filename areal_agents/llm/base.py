@@ -96,7 +96,7 @@ class LLM(ABC):
     the recorded ``input_ids`` / ``loss_mask`` / ``logprobs`` / ``versions`` / ``turn_spans``
     / ``state_keys`` / ``finish_reasons`` / ``messages`` / ``last_generation``. Non-generated tokens have loss
     mask 0, logprob 0.0 and version -1. After a generated chat turn the template's
-    end-of-turn text is appended as context (see :meth:`_close_turn`). Subclasses implement
+    end-of-turn text is appended as context with the next message (see :meth:`_close_turn`). Subclasses implement
     only :meth:`_generate`.
     """
 
@@ -118,6 +118,7 @@ class LLM(ABC):
         """Forget the recorded episode (the handle can then play a new one)."""
         self._rec = Trajectory()  # the tokens so far: input_ids, loss_mask, logprobs, versions, turn_spans
         self._finish_reasons: list[str] = []
+        self._turn_tail = ""  # the end of the last generated turn, not yet tokenized (see _close_turn)
         self._messages: list[dict[str, Any]] = []
         self._tools: list[dict[str, Any]] | None = None
         self.last_generation: Generation | None = None
@@ -223,6 +224,7 @@ class LLM(ABC):
             raise ValueError(f"llm.generate: input_ids must start with the {n} tokens recorded so far in this episode "
                              "(extend the sequence, or call llm.reset() to start a new episode)")
         self._rec.append_tokens(ids[n:], generated=False)
+        self._turn_tail = ""  # the caller's ids hold whatever follows a chat turn
         return await self._record_generation(sampling, tokens_key(ids[n:]) if state_key is None else state_key)
 
     # -- chat API ---------------------------------------------------------------------------
@@ -247,20 +249,23 @@ class LLM(ABC):
                          "the text of earlier ones), so new turns cannot be appended as tokens")
 
     def _close_turn(self, gen: Generation) -> None:
-        """Append the template's end-of-turn text after a generated turn, as context.
+        """Keep the template's end-of-turn text after a generated turn, to be tokenized with
+        the next message (as one rendering of the whole conversation is: ChatML's ``\\n`` and the
+        next header can be one token).
 
         If the turn ended with an end-of-turn/EOS token whose text starts the template's
-        turn end (``<|im_end|>`` for ChatML), only the rest (``\\n``) is appended; otherwise
-        (cut by ``max_new_tokens``, a stop string, or another EOS) the whole turn end is
-        appended. Either way these tokens have loss mask 0: the model is never trained to
-        emit an end-of-turn token it did not sample.
+        turn end (``<|im_end|>`` for ChatML), only the rest (``\\n``) is kept; otherwise
+        (cut by ``max_new_tokens``, a stop string, or another EOS) the whole turn end is.
+        Either way it becomes context (loss mask 0) when the next message is appended: the
+        model is never trained to emit an end-of-turn token it did not sample. An episode's
+        last turn has no next message, so a trajectory ends where its last generation does.
         """
         end = self._turn_end_text()
         if gen.output_ids and gen.finish_reason == "stop":
             last = self.tokenizer.decode([gen.output_ids[-1]], skip_special_tokens=False)
             if last and end.startswith(last):
                 end = end[len(last):]
-        self._rec.append_tokens(self._encode(end), generated=False)
+        self._turn_tail = end
 
     async def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                    prefix: str = "", state_key: str | None = None, **sampling: Any) -> str:
@@ -296,7 +301,8 @@ class LLM(ABC):
                 raise ValueError(f"llm.chat: messages must repeat the {n} messages of this episode so far (with "
                                  "the replies chat returned) and add at least one new message; use a new LLM (or "
                                  "llm.reset()) per episode")
-            text = self._delta_text(messages[n:])
+            text = self._turn_tail + self._delta_text(messages[n:])
+        self._turn_tail = ""
         self._rec.append_tokens(self._encode(text), generated=False)
         self._messages += messages[n:]
         self._rec.append_tokens(self._encode(prefix), generated=False)

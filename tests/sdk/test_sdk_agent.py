@@ -55,13 +55,17 @@ def test_multi_turn_token_bookkeeping() -> None:
     assert sum(traj.loss_mask) == sum(e - s for s, e in traj.turn_spans)
     outside = [i for i in range(traj.num_tokens) if not any(s <= i < e for s, e in traj.turn_spans)]
     assert all(traj.loss_mask[i] == 0 and traj.versions[i] == -1 and traj.logprobs[i] == 0.0 for i in outside)
-    # The whole sequence is what the chat template renders for the conversation.
+    # The whole sequence is what the chat template renders for the conversation, up to the last
+    # reply's eos (the end of turn after it comes with a next message, and there is none).
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "start"}]
     for i, reply in enumerate(["ok", "ok", "no"]):
         msgs.append({"role": "assistant", "content": reply})
         if i < 2:
             msgs.append({"role": "user", "content": f"obs{i + 1}"})
-    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
+    rendered = tok.apply_chat_template(msgs, tokenize=False)
+    assert rendered.endswith("<|im_end|>\n")
+    assert tok.decode(traj.input_ids) == rendered.removesuffix("\n")
+    assert traj.input_ids[-1] == tok.eos_token_id
     assert traj.turn_rewards == [1.0, 2.0, 0.0]
     assert traj.info["end_reason"] == "terminated" and traj.info["success"] is True
 
@@ -79,15 +83,16 @@ def test_no_retokenization_each_request_extends_the_previous_one() -> None:
 
 
 class BPELikeTokenizer(CharTokenizer):
-    """Fault injection: merges a newline followed by <|im_start|> into one token, as BPE merges
-    can, so re-tokenizing the full text gives other ids than appending per-turn deltas."""
+    """Fault injection: merges <|im_end|> followed by a newline into one token, as BPE merges
+    can, so re-tokenizing the full text gives other ids than appending per-turn deltas (a
+    generated turn ends at its sampled eos; the newline after it is encoded with the next message)."""
 
     MERGED = 10**7
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         out: list[int] = []
         for t in super().encode(text, add_special_tokens):
-            if out and out[-1] == self.OFFSET + ord("\n") and t == 1:
+            if out and out[-1] == self.eos_token_id and t == self.OFFSET + ord("\n"):
                 out[-1] = self.MERGED
             else:
                 out.append(t)
@@ -96,7 +101,7 @@ class BPELikeTokenizer(CharTokenizer):
     def decode(self, ids, skip_special_tokens=False) -> str:
         plain = CharTokenizer.decode
         return "".join(
-            plain(self, [self.OFFSET + ord("\n"), 1], skip_special_tokens) if t == self.MERGED
+            plain(self, [self.eos_token_id, self.OFFSET + ord("\n")], skip_special_tokens) if t == self.MERGED
             else plain(self, [t], skip_special_tokens)
             for t in ids
         )
@@ -108,12 +113,12 @@ def test_recorded_ids_are_the_concatenation_of_deltas_not_a_retokenization() -> 
     traj = play(EchoEnv(turns=2), llm, max_turns=2)
     full_text = tok.decode(traj.input_ids)
     assert tok.encode(full_text) != traj.input_ids  # a re-tokenization would have merged tokens
-    # ... while the record is prompt + gen + "\n" + delta(new messages) + gen, each encoded alone.
+    # ... while the record is prompt + gen + ("\n" + delta(new messages)) + gen, each encoded alone.
     s0, e0 = traj.turn_spans[0]
     s1, e1 = traj.turn_spans[1]
     prompt = tok.apply_chat_template([{"role": "user", "content": "start"}], tokenize=False, add_generation_prompt=True)
-    delta = "<|im_start|>user\nobs1<|im_end|>\n<|im_start|>assistant\n"
-    expected = tok.encode(prompt) + tok.encode("ok") + [tok.eos_token_id] + tok.encode("\n") + tok.encode(delta)
+    delta = "\n<|im_start|>user\nobs1<|im_end|>\n<|im_start|>assistant\n"
+    expected = tok.encode(prompt) + tok.encode("ok") + [tok.eos_token_id] + tok.encode(delta)
     assert traj.input_ids[:s1] == expected
     assert traj.input_ids[s1:e1] == tok.encode("ok") + [tok.eos_token_id]
     assert traj.loss_mask[e0:s1] == [0] * (s1 - e0)
@@ -240,12 +245,18 @@ def test_chat_rejects_a_conversation_that_does_not_extend_the_episode() -> None:
 
 
 def test_stop_strings_and_default_sampling() -> None:
-    llm = ScriptedLLM(["abc STOP def"], default_sampling={"temperature": 0.7, "stop": ["STOP"]})
+    llm = ScriptedLLM(["abc STOP def", "x"], default_sampling={"temperature": 0.7, "stop": ["STOP"]})
     text = asyncio.run(llm.chat([{"role": "user", "content": "q"}], top_p=0.9))
     assert text == "abc STOP"
     assert llm.calls[0]["sampling"] == {"temperature": 0.7, "stop": ["STOP"], "top_p": 0.9}
-    # A stop string is not EOS, so the full ChatML turn end follows as context.
-    assert llm.to_trajectory().completion_text == "abc STOP<|im_end|>\n"
+    assert llm.to_trajectory().completion_text == "abc STOP"  # nothing follows an episode's last turn
+    # A stop string is not EOS, so the full ChatML turn end comes, as context, before the next message.
+    asyncio.run(llm.chat([{"role": "user", "content": "q"}, {"role": "assistant", "content": text},
+                          {"role": "user", "content": "r"}]))
+    traj = llm.to_trajectory()
+    assert traj.completion_text == "abc STOP<|im_end|>\n<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\nx<|im_end|>"
+    s, _ = traj.turn_spans[1]
+    assert sum(traj.loss_mask[traj.turn_spans[0][1]:s]) == 0
 
 
 def test_hf_tokenizer_with_chat_template() -> None:
@@ -269,7 +280,7 @@ def test_hf_tokenizer_with_chat_template() -> None:
     traj = play(EchoEnv(turns=2), llm, max_turns=2)
     msgs = [{"role": "user", "content": "start"}, {"role": "assistant", "content": "46"},
             {"role": "user", "content": "obs1"}, {"role": "assistant", "content": "47"}]
-    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
+    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False).removesuffix("\n")
     s, e = traj.turn_spans[1]
     assert traj.input_ids[s:e] == tok.encode("47", add_special_tokens=False) + [tok.eos_token_id]
 
@@ -288,7 +299,7 @@ def test_message_list_observations_are_appended_as_messages() -> None:
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "a"}, {"role": "user", "content": "bye"},
             {"role": "assistant", "content": "b"}]
-    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False)
+    assert tok.decode(traj.input_ids) == tok.apply_chat_template(msgs, tokenize=False).removesuffix("\n")
     assert traj.turn_rewards == [0.5, 0.5] and traj.info["end_reason"] == "max_turns"
 
 

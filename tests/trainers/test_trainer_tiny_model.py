@@ -70,8 +70,32 @@ def test_chat_template_is_chatml(model_dir: Path) -> None:
     text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text)
-    assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
     assert ids.count(tok.eos_token_id) == 1
+    # each message header is one token; the one after a message takes that message's newline
+    user, assistant = (tok.convert_tokens_to_ids(h) for h in ("<|im_start|>user\n", "\n<|im_start|>assistant\n"))
+    assert ids[0] == user and ids[-2:] == [tok.eos_token_id, assistant]
+    assert tok.decode(ids) == text
+    convo = tok.apply_chat_template([*msgs, {"role": "assistant", "content": "3"}, {"role": "user", "content": "ok"}],
+                                    tokenize=False)
+    ids = tok.encode(convo)
+    assert [tok.decode([i]) for i in ids].count("\n<|im_start|>user\n") == 1 and tok.decode(ids) == convo
+    assert len(ids) < len(tok.encode(convo.replace("<|im_start|>", "<|im_start|> ")))  # headers spelled out: longer
+    # an episode's text is decoded without its markup
+    assert tok.decode(ids, skip_special_tokens=True) == "What is 1 + 2?3ok\n"
+
+
+def test_tokenizer_learns_text_not_marker_pieces(model_dir: Path) -> None:
+    """Every marker is one added token, so the BPE spends its merges on the text between them."""
+    from transformers import AutoTokenizer
+
+    from trainers.tiny_model import ROLE_HEADERS, SPECIAL_TOKENS
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    added = {*SPECIAL_TOKENS, *ROLE_HEADERS}
+    assert added <= set(tok.get_vocab())
+    learned = [tok.convert_tokens_to_string([t]) for t in tok.get_vocab() if t not in added]
+    assert not [t for t in learned if any(piece in t for piece in ("<|", "|>", "im_"))]
+    assert "What" in learned or " What" in learned  # the corpus's words are merged
 
 
 def test_ensure_builds_once_into_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
