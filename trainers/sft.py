@@ -293,8 +293,6 @@ def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget
     an env that fails is skipped). A reference conversation shows only the answers a methodical
     player gets, but a policy also reads ``Invalid expression.`` and the like, which a tokenizer
     that never saw them spells out byte by byte. A single-turn env answers nothing."""
-    from areal_agents.env import is_messages
-
     out: list[str] = []
     deadline = time.monotonic() + budget_s
     rows = list(rows[:n])
@@ -308,8 +306,8 @@ def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget
                 obs = env.step(action)[0]
             except Exception:  # noqa: BLE001  (a probe only: the env checker reports failing envs)
                 continue
-            if is_messages(obs):
-                out.extend(str(m.get("content") or "") for m in obs)
+            if isinstance(obs, list):  # messages
+                out.extend(str(m.get("content") or "") for m in obs if isinstance(m, dict))
             elif obs:
                 out.append(str(obs))
     return out

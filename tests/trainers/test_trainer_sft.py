@@ -154,3 +154,26 @@ def test_sft_command_says_where_it_wrote_the_model(tmp_path: Path) -> None:
     model = Path(line.split(": ", 1)[1].split(" (", 1)[0])
     assert model.is_relative_to(tmp_path / "cache") and (model / "model.safetensors").is_file()
     assert "in the model cache" in line and "sft.output_dir" in line and "actor.path" in line
+
+
+def test_the_tokenizer_corpus_has_what_an_env_answers_to_wrong_replies() -> None:
+    """A multi-turn env's feedback to wrong replies (which no reference game shows) is in the tiny
+    tokenizer's corpus, so it is learned as words, not spelled byte by byte; a single-turn env adds nothing."""
+    from areal_agents.data import load_dataset_rows
+    from areal_agents.env import make_env
+    from trainers.sft import _probe_replies
+
+    cfg = load_config(overrides=["env.name=countdown"])
+    rows = load_dataset_rows(cfg, "train")
+    replies = _probe_replies(make_env("countdown"), rows, n=8)
+    assert "Invalid expression." in replies
+    assert any(r.startswith("Use only ") for r in replies) and len(replies) == 16
+    math_rows = load_dataset_rows(load_config(overrides=["env.name=math"]), "train")
+    assert _probe_replies(make_env("math"), math_rows, n=8) == []
+
+    class Broken(type(make_env("countdown"))):  # fault injection: an env whose step fails
+        def play_turn(self, action: str, row: dict[str, Any]) -> Any:
+            raise RuntimeError("boom")
+
+    assert _probe_replies(Broken(), rows, n=4) == []
+    assert _probe_replies(make_env("countdown"), rows, n=8, budget_s=0.0) == []
