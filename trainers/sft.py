@@ -18,6 +18,7 @@ import json
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -287,12 +288,14 @@ def _corpus_text(env: Env, row: dict[str, Any]) -> str:
                                                    add_generation_prompt=False)
 
 
-def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget_s: float = 10.0) -> list[str]:
+def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget_s: float = 60.0) -> list[str]:
     """What ``env`` answers to wrong first replies, for the tokenizer to learn: an empty reply
-    and another row's reference, on each of the first ``n`` rows (at most ``budget_s`` seconds;
-    an env that fails is skipped). A reference conversation shows only the answers a methodical
-    player gets, but a policy also reads ``Invalid expression.`` and the like, which a tokenizer
-    that never saw them spells out byte by byte. A single-turn env answers nothing."""
+    and another row's reference, on each of the first ``n`` rows (an env that fails is skipped).
+    A reference conversation shows only the answers a methodical player gets, but a policy also
+    reads ``Invalid expression.`` and the like, which a tokenizer that never saw them spells out
+    byte by byte. A single-turn env answers nothing. The built-in envs take under 5 s (python-tool,
+    one sandbox run a probe); an env slower than ``budget_s`` in all is cut short with a warning,
+    as the tokenizer then depends on the machine's speed."""
     out: list[str] = []
     deadline = time.monotonic() + budget_s
     rows = list(rows[:n])
@@ -300,6 +303,8 @@ def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget
         other = env.reference_completion(rows[(i + 1) % len(rows)]) or ""
         for action in dict.fromkeys(("", other)):
             if time.monotonic() > deadline:
+                warnings.warn(f"{type(env).__name__}: probing its replies for the tiny tokenizer took over {budget_s:g} s; "
+                              f"kept the first {len(out)}", RuntimeWarning, stacklevel=2)
                 return out
             try:
                 env.reset(seed=0, options=dict(row))
