@@ -124,6 +124,40 @@ def test_recorded_ids_are_the_concatenation_of_deltas_not_a_retokenization() -> 
     assert traj.loss_mask[e0:s1] == [0] * (s1 - e0)
 
 
+class HeaderMergingTokenizer(CharTokenizer):
+    """Fault injection: merges a newline followed by <|im_start|> into one token, as the tiny
+    model's tokenizer does with its message headers (``\\n<|im_start|>user\\n`` is one token)."""
+
+    MERGED = 10**7
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        out: list[int] = []
+        for t in super().encode(text, add_special_tokens):
+            if out and out[-1] == self.OFFSET + ord("\n") and t == 1:
+                out[-1] = self.MERGED
+            else:
+                out.append(t)
+        return out
+
+    def decode(self, ids, skip_special_tokens=False) -> str:
+        plain = CharTokenizer.decode
+        return "".join(plain(self, [self.OFFSET + ord("\n"), 1], skip_special_tokens) if t == self.MERGED
+                       else plain(self, [t], skip_special_tokens) for t in ids)
+
+
+def test_the_end_of_a_turn_is_tokenized_with_the_next_message() -> None:
+    """The newline after a generated eos and the next header are one token in the record, as in
+    a tokenization of the whole conversation (appended alone, the newline would stay a token of its own)."""
+    tok = HeaderMergingTokenizer()
+    traj = play(EchoEnv(turns=2), ScriptedLLM(["ok", "ok"], tok), max_turns=2)
+    _, e0 = traj.turn_spans[0]
+    s1, _ = traj.turn_spans[1]
+    assert traj.input_ids[e0 - 1] == tok.eos_token_id
+    assert traj.input_ids[e0] == tok.MERGED
+    assert traj.input_ids[e0:s1] == tok.encode("\n<|im_start|>user\nobs1<|im_end|>\n<|im_start|>assistant\n")
+    assert traj.input_ids == tok.encode(tok.decode(traj.input_ids))  # here the record is the whole text's tokens
+
+
 def test_eos_then_only_the_rest_of_the_turn_end_is_appended() -> None:
     tok = CharTokenizer()
     llm = ScriptedLLM(["ok", "ok"], tok)
