@@ -82,17 +82,20 @@ def test_no_retokenization_each_request_extends_the_previous_one() -> None:
         assert traj.input_ids[:start] == prompts[i]
 
 
-class BPELikeTokenizer(CharTokenizer):
-    """Fault injection: merges <|im_end|> followed by a newline into one token, as BPE merges
-    can, so re-tokenizing the full text gives other ids than appending per-turn deltas (a
-    generated turn ends at its sampled eos; the newline after it is encoded with the next message)."""
+class MergingTokenizer(CharTokenizer):
+    """Fault injection: merges two tokens that follow each other into one, as BPE merges can, so
+    that how a text is cut into encode calls shows in the ids."""
 
     MERGED = 10**7
+
+    def __init__(self, first: int, second: int) -> None:
+        super().__init__()
+        self.pair = [first, second]
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         out: list[int] = []
         for t in super().encode(text, add_special_tokens):
-            if out and out[-1] == self.eos_token_id and t == self.OFFSET + ord("\n"):
+            if out and [out[-1], t] == self.pair:
                 out[-1] = self.MERGED
             else:
                 out.append(t)
@@ -100,15 +103,27 @@ class BPELikeTokenizer(CharTokenizer):
 
     def decode(self, ids, skip_special_tokens=False) -> str:
         plain = CharTokenizer.decode
-        return "".join(
-            plain(self, [self.eos_token_id, self.OFFSET + ord("\n")], skip_special_tokens) if t == self.MERGED
-            else plain(self, [t], skip_special_tokens)
-            for t in ids
-        )
+        return "".join(plain(self, self.pair, skip_special_tokens) if t == self.MERGED
+                       else plain(self, [t], skip_special_tokens) for t in ids)
+
+
+def bpe_like_tokenizer() -> MergingTokenizer:
+    """Merges <|im_end|> and the newline after it: re-tokenizing the full text gives other ids
+    than appending per-turn deltas (a generated turn ends at its sampled eos; the newline after
+    it is encoded with the next message)."""
+    tok = CharTokenizer()
+    return MergingTokenizer(tok.eos_token_id, tok.OFFSET + ord("\n"))
+
+
+def header_merging_tokenizer() -> MergingTokenizer:
+    """Merges a newline and <|im_start|>, as the tiny model's tokenizer does with its message
+    headers (``\\n<|im_start|>user\\n`` is one token)."""
+    tok = CharTokenizer()
+    return MergingTokenizer(tok.OFFSET + ord("\n"), tok.SPECIALS.index("<|im_start|>"))
 
 
 def test_recorded_ids_are_the_concatenation_of_deltas_not_a_retokenization() -> None:
-    tok = BPELikeTokenizer()
+    tok = bpe_like_tokenizer()
     llm = ScriptedLLM(["ok", "ok"], tok)
     traj = play(EchoEnv(turns=2), llm, max_turns=2)
     full_text = tok.decode(traj.input_ids)
@@ -124,31 +139,10 @@ def test_recorded_ids_are_the_concatenation_of_deltas_not_a_retokenization() -> 
     assert traj.loss_mask[e0:s1] == [0] * (s1 - e0)
 
 
-class HeaderMergingTokenizer(CharTokenizer):
-    """Fault injection: merges a newline followed by <|im_start|> into one token, as the tiny
-    model's tokenizer does with its message headers (``\\n<|im_start|>user\\n`` is one token)."""
-
-    MERGED = 10**7
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        out: list[int] = []
-        for t in super().encode(text, add_special_tokens):
-            if out and out[-1] == self.OFFSET + ord("\n") and t == 1:
-                out[-1] = self.MERGED
-            else:
-                out.append(t)
-        return out
-
-    def decode(self, ids, skip_special_tokens=False) -> str:
-        plain = CharTokenizer.decode
-        return "".join(plain(self, [self.OFFSET + ord("\n"), 1], skip_special_tokens) if t == self.MERGED
-                       else plain(self, [t], skip_special_tokens) for t in ids)
-
-
 def test_the_end_of_a_turn_is_tokenized_with_the_next_message() -> None:
     """The newline after a generated eos and the next header are one token in the record, as in
     a tokenization of the whole conversation (appended alone, the newline would stay a token of its own)."""
-    tok = HeaderMergingTokenizer()
+    tok = header_merging_tokenizer()
     traj = play(EchoEnv(turns=2), ScriptedLLM(["ok", "ok"], tok), max_turns=2)
     _, e0 = traj.turn_spans[0]
     s1, _ = traj.turn_spans[1]
