@@ -101,6 +101,7 @@ class ShardedModel:
         self.pack_prompts = (cfg.actor.pack_prompts and kind == "lm"
                              and config._attn_implementation in ("sdpa", "eager"))
         model.to(device)
+        self.positions_run = 0  # positions the forward passes ran (packed or padded), for the step's metrics
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -137,6 +138,7 @@ class ShardedModel:
         layer runs for."""
         attn, ids = mb["attention_mask"].to(device), mb["input_ids"].to(device)
         if self.kind == "value":  # values[:, t] = value of the state before token t
+            self.positions_run += ids.numel()
             out = self.model(input_ids=ids, attention_mask=attn, use_cache=False)
             return torch.nn.functional.pad(out[:, :-1].float(), (1, 0)) * attn, None
         want = scored_tokens(mb).to(device)
@@ -149,6 +151,7 @@ class ShardedModel:
                       "attention_mask": packed.attention_mask}
         else:
             inputs = {"input_ids": ids, "attention_mask": attn}
+        self.positions_run += inputs["input_ids"].numel()
         with head_only_at(self.model, src):
             logits = self.model(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False).logits
         lp, ent = logprobs_at(logits[0], ids[rows, cols], temperature, with_entropy)
@@ -314,7 +317,8 @@ class TrainEngine:
         its own forward pass under it, detached (the weights before this minibatch's step,
         without a second forward pass). Rows are split into ``n_minibatches`` (default
         ``algorithm.ppo_n_minibatches``) strided minibatches. Returns metrics averaged over minibatches: ``loss`` (full-batch),
-        ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``n_mbs``, ``pad_ratio`` and the loss
+        ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``n_mbs``, ``pad_ratio``, ``computed_tokens``
+        (the positions the policy's forward passes ran: packed sequences or padded rows) and the loss
         function's metrics summed over micro-batches and ranks (they are globally normalised),
         but for names ending in ``_max`` / ``_min``: the max / min over micro-batches, ranks
         and minibatches (:func:`algorithms.losses.metric_reduction`).
@@ -340,6 +344,7 @@ class TrainEngine:
         total_loss = 0.0
         parts: list[Mapping[str, float]] = []
         real = padded = 0
+        ran_before = self.actor.positions_run
         for rows in mbs:
             if not rows:  # keep collectives in step with ranks that have more micro-batches
                 dummy = self._dummy()
@@ -366,7 +371,8 @@ class TrainEngine:
         self.step += 1
         sums = combine_metrics(parts)
         keys = sorted(k for k in sums if metric_reduction(k) == "sum")
-        red = self._all_reduce(torch.tensor([total_loss, float(real), float(padded), *(sums[k] for k in keys)],
+        ran = float(self.actor.positions_run - ran_before)
+        red = self._all_reduce(torch.tensor([total_loss, float(real), float(padded), ran, *(sums[k] for k in keys)],
                                             dtype=torch.float64))
         # extremes in one MAX all-reduce, the minima negated
         ext = sorted(k for k in sums if metric_reduction(k) != "sum")
@@ -375,9 +381,9 @@ class TrainEngine:
                                             dtype=torch.float64), dist.ReduceOp.MAX).tolist() if ext else []
         out = {"loss": float(red[0]), "grad_norm": grad_norm, "lr": lr, "n_tokens": norm.tokens,
                "n_seqs": norm.seqs, "n_mbs": float(len(mbs)),
-               "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])),
+               "pad_ratio": 1.0 - float(red[1]) / max(1.0, float(red[2])), "computed_tokens": float(red[3]),
                "skipped_step": float(not math.isfinite(grad_norm)), **extra}
-        return {**out, **dict(zip(keys, red[3:].tolist(), strict=True)),
+        return {**out, **dict(zip(keys, red[4:].tolist(), strict=True)),
                 **{k: s * v for s, k, v in zip(sign, ext, top, strict=True)}}
 
     # -- export -------------------------------------------------------------------------------

@@ -125,7 +125,11 @@ def train_from_file(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec,
     per_step = cfg.rollout.batch_size * cfg.rollout.group_size
     for step in range(cfg.trainer.total_steps):
         chunk = [trajs[(step * per_step + i) % len(trajs)] for i in range(per_step)]
-        metrics = train_step(engine, spec, cfg, chunk)
+        t0 = time.monotonic()
+        metrics: dict[str, Any] = train_step(engine, spec, cfg, chunk)
+        seconds = time.monotonic() - t0
+        metrics.update({"time/train_s": seconds,
+                        "perf/train_tokens_per_s": sum(t.num_tokens for t in chunk) / max(seconds, 1e-9)})
         if logger is not None:
             logger.log(step + 1, metrics)
     final = engine.export_final(Path(cfg.run_dir) / "final")

@@ -107,6 +107,7 @@ def test_run_then_train_only(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "runs" / "e2e-train" / "trial" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["train/loss"]) for r in rows)
     assert all(r["train/n_seqs"] == 8 for r in rows)  # batch_size x group_size episodes of the file per step
+    assert all(r["time/train_s"] > 0 and r["train/computed_tokens"] >= r["train/n_tokens"] > 0 for r in rows)
     from safetensors.torch import load_file
 
     before = load_file(model / "model.safetensors")

@@ -309,7 +309,7 @@ def test_long_episodes_after_a_short_shared_prompt_are_not_packed(model_dir: Pat
 @pytest.mark.parametrize("kind", ["single-turn", "multi-turn"])
 def test_packed_prefixes_give_the_same_logprobs_loss_and_update(model_dir: Path, kind: str) -> None:
     from algorithms.specs import get_algorithm
-    from trainers.batching import collate, seq_lens
+    from trainers.batching import collate, select, seq_lens
     from trainers.prefix_packing import pack_prefixes
 
     trajs = _groups_sharing_prompts(4, 8, seed=5) if kind == "single-turn" else _games(3, seed=4)
@@ -331,6 +331,11 @@ def test_packed_prefixes_give_the_same_logprobs_loss_and_update(model_dir: Path,
         stats[p] = [engine.train_batch(b, spec.loss_fn(), detached_logp_key="prox_logp") for _ in range(2)]
     for k in ("loss", "grad_norm", "train/entropy", "train/clip_frac"):
         assert stats[True][-1][k] == pytest.approx(stats[False][-1][k], rel=1e-4, abs=1e-6), k
+    # the step reports the positions its forward passes ran: the padded rows, or the packed layout's
+    lens, mbs = seq_lens(batch), engines[False]._plan(batch)[1]
+    padded = sum(len(mb) * max(lens[i] for i in mb) for mb in mbs)
+    packed_run = sum(engines[True].actor._packed(select(batch, mb)).input_ids.numel() for mb in mbs)  # type: ignore[union-attr]
+    assert stats[False][0]["computed_tokens"] == padded and stats[True][0]["computed_tokens"] == packed_run < padded
     pa, pb = _params(engines[True]), _params(engines[False])
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-5, rtol=1e-4)
