@@ -4,10 +4,14 @@ from a clean cache must raise greedy *episode* success on the held-out sums.
 An episode is up to three tries at a sum, with "Wrong, try again." after a miss, so each
 trajectory holds several generated turns with env messages between them. The warm start
 trains whole reference episodes and checks greedy episodes through the env, as the eval does
-(so the eval at step 0 is where the warm start stopped). A loss mask that covers the env's
-messages, a turn discount applied the wrong way round, a broken advantage sign or a weight sync
-that does not reach the server makes the gain vanish; the margin below is far under what the
-recipe gains in this budget and far above eval noise.
+(so the eval at step 0 is where the warm start stopped). A broken advantage sign (seen red:
+0.598 -> 0.000) or a weight sync that does not reach the server makes the gain vanish; the
+margin below is far under what the recipe gains in this budget and far above eval noise.
+Bookkeeping bugs that leave this env's learning intact are guarded by unit tests instead: a loss
+mask that covers the env's messages (planted, the run still went 0.598 -> 0.882: those tokens
+carry a behaviour logprob of 0, so PPO's clip drops them on a negative advantage, and the policy
+never has to write them) in ``tests/sdk/test_sdk_agent.py``, and a turn discount the wrong way
+round (``math-multiturn`` uses 1.0) in ``tests/rollout/test_rollout_returns.py``.
 """
 
 from __future__ import annotations
