@@ -55,17 +55,17 @@ def _costs(env_name: str, out: Path) -> dict[str, Any]:
     steps = [r for r in rows if "time/train_s" in r and r.get("perf/train_tokens_per_s")]
     timed = steps[2:] or steps
     secs = [r["time/train_s"] for r in timed]
-    per = {"trained": [r.get("train/n_tokens", 0.0) for r in timed],
-           "row": [r["time/train_s"] * r["perf/train_tokens_per_s"] for r in timed],
-           "computed": [r.get("train/computed_tokens", 0.0) for r in timed]}
-    out_: dict[str, Any] = {f"ms_per_{'token' if k == 'trained' else k + '_token'}":
-                            1000 * statistics.median(s / max(n, 1.0) for s, n in zip(secs, v, strict=True))
-                            for k, v in per.items()}
-    out_.update({"trained_tokens_per_step": statistics.median(per["trained"]),
-                 "tokens_per_step": statistics.median(per["row"]),
-                 "computed_tokens_per_step": statistics.median(per["computed"]),
-                 "train_s_per_step": statistics.median(secs), "steps": len(steps)})
-    return out_
+    trained = [r.get("train/n_tokens", 0.0) for r in timed]
+    row = [r["time/train_s"] * r["perf/train_tokens_per_s"] for r in timed]
+    computed = [r.get("train/computed_tokens", 0.0) for r in timed]
+
+    def ms_per(tokens: list[float]) -> float:
+        return 1000 * statistics.median(s / max(n, 1.0) for s, n in zip(secs, tokens, strict=True))
+
+    return {"ms_per_token": ms_per(trained), "ms_per_computed_token": ms_per(computed), "ms_per_row_token": ms_per(row),
+            "trained_tokens_per_step": statistics.median(trained), "tokens_per_step": statistics.median(row),
+            "computed_tokens_per_step": statistics.median(computed), "train_s_per_step": statistics.median(secs),
+            "steps": len(steps)}
 
 
 def run_once(env_name: str, steps: int, cache: Path, out: Path) -> dict[str, Any]:
@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "train_cost.json")
     args = p.parse_args(argv)
     envs = list(dict.fromkeys(["math", *args.envs]))
-    cpus = os.cpu_count() or 1
-    threads = max(1, cpus - max(1, cpus // 2))  # the run's trainer beside one embedded CPU server
+    from trainers.loop import cpu_trainer_threads
+
+    threads = cpu_trainer_threads(1)  # the run's trainer beside its one embedded CPU server
     runs: dict[str, list[dict[str, Any]]] = {e: [] for e in envs}
     alone: dict[str, list[dict[str, Any]]] = {e: [] for e in envs}
     with tempfile.TemporaryDirectory(prefix="bench-train-cost-") as tmp:

@@ -50,7 +50,7 @@ from trainers.rollout_only import write_rollouts
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import WeightSync, make_weight_sync
 
-__all__ = ["build_engine", "cli_run", "run", "train_step"]
+__all__ = ["build_engine", "cli_run", "cpu_trainer_threads", "run", "train_step"]
 
 
 def cli_run(args: argparse.Namespace) -> int:
@@ -115,6 +115,18 @@ def train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, 
     return {k if "/" in k else f"train/{k}": v for k, v in stats.items()}
 
 
+def _timed_train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory]
+                      ) -> dict[str, Any]:
+    """:func:`train_step` with the train phase's seconds (``time/train_s``) and row tokens (prompt,
+    completion and env messages) per second (``perf/train_tokens_per_s``)."""
+    t0 = time.monotonic()
+    metrics: dict[str, Any] = train_step(engine, spec, cfg, trajs)
+    seconds = time.monotonic() - t0
+    metrics.update({"time/train_s": seconds,
+                    "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(seconds, 1e-9)})
+    return metrics
+
+
 def train_from_file(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec,
                     logger: MetricsLogger | None) -> dict[str, Any]:
     """Trainer-only debug mode: learn from a rollout JSONL, no servers."""
@@ -125,11 +137,7 @@ def train_from_file(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec,
     per_step = cfg.rollout.batch_size * cfg.rollout.group_size
     for step in range(cfg.trainer.total_steps):
         chunk = [trajs[(step * per_step + i) % len(trajs)] for i in range(per_step)]
-        t0 = time.monotonic()
-        metrics: dict[str, Any] = train_step(engine, spec, cfg, chunk)
-        seconds = time.monotonic() - t0
-        metrics.update({"time/train_s": seconds,
-                        "perf/train_tokens_per_s": sum(t.num_tokens for t in chunk) / max(seconds, 1e-9)})
+        metrics = _timed_train_step(engine, spec, cfg, chunk)
         if logger is not None:
             logger.log(step + 1, metrics)
     final = engine.export_final(Path(cfg.run_dir) / "final")
@@ -235,12 +243,19 @@ def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: s
     return build_executor(cfg, addresses, model_path, tokenizer)
 
 
+def cpu_trainer_threads(num_servers: int, cpus: int | None = None) -> int:
+    """The trainer's threads on ``cpus`` cores (default: this machine's) shared with
+    ``num_servers`` embedded CPU servers: the cores they leave, at least one. The servers hold
+    ``cpus // (n + 1)`` threads each (:func:`areal_agents.inference.launcher.launch_servers`);
+    oversubscribed OpenMP pools busy-wait."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, cpus - num_servers * max(1, cpus // (num_servers + 1)))
+
+
 def _trainer_threads(cfg: ExperimentConfig) -> None:
     """On a CPU shared with embedded servers, the trainer takes the cores they leave."""
     if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
-        # the embedded servers hold cpus // (n + 1) threads each; oversubscribed OpenMP pools busy-wait
-        cpus, n = os.cpu_count() or 1, cfg.inference.num_servers
-        torch.set_num_threads(max(1, cpus - n * max(1, cpus // (n + 1))))
+        torch.set_num_threads(cpu_trainer_threads(cfg.inference.num_servers))
 
 
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -353,7 +368,7 @@ def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0
     with ckpt.interruptible():  # SIGTERM while waiting for a batch ends the run at once
         trajs = r0.batch()
     t1 = time.monotonic()
-    metrics: dict[str, Any] = train_step(engine, spec, cfg, trajs)
+    metrics = _timed_train_step(engine, spec, cfg, trajs)
     t2 = time.monotonic()
     r0.pause()
     sync.sync(engine, version)
@@ -361,8 +376,7 @@ def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0
         display.note(sync.events.pop(0))
     r0.resume(version)
     metrics.update({
-        **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1,
+        **r0.stats(), "version": version, "time/rollout_wait_s": t1 - t0,
         "time/sync_s": time.monotonic() - t2, "inference/servers_down": len(sync.down),
-        "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(t2 - t1, 1e-9),
     })
     return metrics, trajs

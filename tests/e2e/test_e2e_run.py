@@ -62,6 +62,7 @@ def test_run_then_train_only(tmp_path: Path) -> None:
                     assert math.isfinite(value), (key, value)
             assert r["staleness/max"] <= ETA
             assert r["rollout/accepted"] >= 8
+            assert r["time/train_s"] > 0 and r["perf/train_tokens_per_s"] > 0 and r["time/sync_s"] >= 0
         assert sum("eval/accuracy" in r for r in rows) >= 3  # before, at step 2, after
         samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
         assert samples and all("+" in s["prompt"] and s["completion"] for s in samples)
