@@ -176,15 +176,15 @@ def rloo_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor
 
 
 def _token_returns(shaped: ShapedRewards, mask: Tensor, cfg: AlgorithmConfig) -> Tensor:
-    """Discounted (``gamma``) token returns ``[B, T]`` of the episode reward and the KL reward.
+    """Discounted (``token_discount``) token returns ``[B, T]`` of the episode reward and the KL reward.
 
     Trajectory credit places the episode reward on the last generated token; turn credit
     adds the turn return ``G_t`` (already discounted per turn) to the KL reward-to-go.
     """
     if cfg.credit == "turn":
         assert shaped.turn is not None
-        return shaped.turn + discounted_to_go(shaped.kl, mask, cfg.gamma)
-    return discounted_to_go(_terminal_rewards(shaped, mask), mask, cfg.gamma)
+        return shaped.turn + discounted_to_go(shaped.kl, mask, cfg.token_discount)
+    return discounted_to_go(_terminal_rewards(shaped, mask), mask, cfg.token_discount)
 
 
 def _terminal_rewards(shaped: ShapedRewards, mask: Tensor) -> Tensor:
@@ -207,7 +207,7 @@ def reinforce_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> T
 
 
 def reinforce_pp_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
-    """REINFORCE++: token returns ``G_t = sum_{s>=t} gamma^(s-t) r_s`` whitened over the batch.
+    """REINFORCE++: token returns ``G_t = sum_{s>=t} token_discount^(s-t) r_s`` whitened over the batch.
 
     ``r_s`` is ``-kl_ctl * kl_s`` on every generated token (with ``kl_in_reward``) plus the
     episode reward on the last one; ``A = (G - mean) / (std + adv_eps)`` over all generated
@@ -230,8 +230,8 @@ def _gae(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> tuple[Tensor, Ten
     next_value = torch.zeros_like(next_adv)
     for t in range(mask.shape[1] - 1, -1, -1):
         m = mask[:, t]
-        delta = rewards[:, t] + cfg.gamma * next_value - values[:, t]
-        a = delta + cfg.gamma * cfg.lam * next_adv
+        delta = rewards[:, t] + cfg.token_discount * next_value - values[:, t]
+        a = delta + cfg.token_discount * cfg.gae_lambda * next_adv
         adv[:, t] = torch.where(m, a, torch.zeros_like(a))
         next_adv = torch.where(m, a, next_adv)
         next_value = torch.where(m, values[:, t], next_value)
@@ -241,7 +241,7 @@ def _gae(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> tuple[Tensor, Ten
 def gae_advantages(batch: Mapping[str, Tensor], cfg: AlgorithmConfig) -> Tensor:
     """PPO with a critic: GAE over the generated tokens of each sequence, then whitened.
 
-    ``delta_t = r_t + gamma * V_next - V_t``; ``A_t = delta_t + gamma * lam * A_next`` where
+    ``delta_t = r_t + token_discount * V_next - V_t``; ``A_t = delta_t + token_discount * gae_lambda * A_next`` where
     ``next`` is the next generated token (``V = 0`` after the last). ``r_t`` is as in
     REINFORCE++. Reads ``loss_mask``, ``rewards``, ``values`` ``[B, T]`` (critic estimate for
     the state in which token t is generated). Returns whitened ``A`` ``[B, T]``; the critic's

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from areal_agents.config import KL_ESTIMATORS
+
 __all__ = [
-    "KL_ESTIMATORS",
     "check_finite",
     "discounted_to_go",
     "float_tensor",
@@ -30,7 +31,6 @@ __all__ = [
     "turn_starts",
 ]
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
 _MAX_LOG_RATIO = 20.0  # k3 clamps log(ref/pi) here so exp() cannot overflow
 
 
@@ -108,8 +108,8 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
     return centred / safe_denominator(std + eps)
 
 
-def discounted_to_go(x: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """``G_t = x_t + gamma * G_next`` over the masked tokens of each row, 0 elsewhere.
+def discounted_to_go(x: Tensor, mask: Tensor, discount: float) -> Tensor:
+    """``G_t = x_t + discount * G_next`` over the masked tokens of each row, 0 elsewhere.
 
     ``next`` is the next masked token of the same row, so prompt and env tokens between
     turns are skipped and do not count as discount steps.
@@ -117,12 +117,12 @@ def discounted_to_go(x: Tensor, mask: Tensor, gamma: float) -> Tensor:
     Args: ``x`` ``[B, T]`` float, ``mask`` ``[B, T]`` bool. Returns ``[B, T]``.
     """
     x = torch.where(mask, x, torch.zeros_like(x))
-    if gamma == 1.0:
+    if discount == 1.0:
         return torch.where(mask, x.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(x))
     out = torch.zeros_like(x)
     carry = torch.zeros_like(x[:, 0])
     for t in range(x.shape[1] - 1, -1, -1):
-        g = x[:, t] + gamma * carry
+        g = x[:, t] + discount * carry
         carry = torch.where(mask[:, t], g, carry)
         out[:, t] = torch.where(mask[:, t], g, torch.zeros_like(g))
     return out

@@ -15,20 +15,19 @@ import math
 import torch
 from torch import Tensor
 
-from areal_agents.config import IMP_WEIGHT_CORRECTIONS
+from areal_agents.config import IMP_WEIGHT_CORRECTIONS, IMP_WEIGHT_MODES
 
-__all__ = ["WEIGHT_METRIC_NAMES", "WEIGHT_MODES", "behave_importance_weights", "weight_metrics"]
+__all__ = ["WEIGHT_METRIC_NAMES", "behav_importance_weights", "weight_metrics"]
 
-WEIGHT_MODES = ("none", "token", "sequence")  # AlgorithmConfig.imp_weight_mode (behave_imp_weight_mode, resolved)
 WEIGHT_METRIC_NAMES = (
-    "train/behave_imp_weight",
-    "train/behave_imp_weight_max",
-    "train/behave_imp_weight_min",
-    "train/behave_imp_weight_capped_frac",
+    "train/behav_imp_weight",
+    "train/behav_imp_weight_max",
+    "train/behav_imp_weight_min",
+    "train/behav_imp_weight_capped_frac",
 )
 
 
-def behave_importance_weights(
+def behav_importance_weights(
     logp_trainer: Tensor, logp_behav: Tensor, mask: Tensor, mode: str, correction: str, cap: float | None
 ) -> tuple[Tensor, Tensor]:
     """Detached behaviour importance weights and where the cap was hit.
@@ -42,14 +41,14 @@ def behave_importance_weights(
 
     Args: ``logp_trainer``, ``logp_behav`` ``[B, T]`` float logprobs of the sampled tokens
     (values outside ``mask`` are never read); ``mask`` ``[B, T]`` bool, True on generated
-    tokens; ``mode`` one of :data:`WEIGHT_MODES` (``cfg.imp_weight_mode``); ``correction`` ``mask`` or
+    tokens; ``mode`` one of ``IMP_WEIGHT_MODES`` (``cfg.imp_weight_mode``); ``correction`` ``mask`` or
     ``truncate``; ``cap`` the cap ``C`` (> 1) or None. Returns (``weights`` ``[B, T]``, 0
     outside ``mask``; ``capped`` ``[B, T]`` bool, False outside ``mask``).
     """
-    if mode not in WEIGHT_MODES:
-        raise ValueError(f"importance weight mode must be one of {', '.join(WEIGHT_MODES)} (got {mode!r})")
+    if mode not in IMP_WEIGHT_MODES:
+        raise ValueError(f"importance weight mode must be one of {', '.join(IMP_WEIGHT_MODES)} (got {mode!r})")
     if correction not in IMP_WEIGHT_CORRECTIONS:
-        raise ValueError(f"behave_imp_weight_correction must be one of {', '.join(IMP_WEIGHT_CORRECTIONS)} "
+        raise ValueError(f"behav_imp_weight_correction must be one of {', '.join(IMP_WEIGHT_CORRECTIONS)} "
                          f"(got {correction!r})")
     if logp_trainer.shape != mask.shape or logp_behav.shape != mask.shape:
         raise ValueError(f"logprobs must have the shape of the mask {tuple(mask.shape)}, got "
@@ -74,17 +73,17 @@ def behave_importance_weights(
 def weight_metrics(weights: Tensor, capped: Tensor, mask: Tensor, tokens: float) -> dict[str, Tensor]:
     """The four :data:`WEIGHT_METRIC_NAMES` of the applied ``weights`` ``[B, T]``.
 
-    ``train/behave_imp_weight`` and ``..._capped_frac`` are sums over ``mask`` ``[B, T]``
+    ``train/behav_imp_weight`` and ``..._capped_frac`` are sums over ``mask`` ``[B, T]``
     divided by ``tokens`` (the generated tokens of the whole batch: summed over micro-batches
     they give the batch means); ``..._max`` / ``..._min`` are the extremes over ``mask``
     (``-inf`` / ``inf`` when it is empty: reduce them with max / min, never sum them).
     """
     denom = max(tokens, 1.0)
     out = {
-        "train/behave_imp_weight": torch.where(mask, weights, torch.zeros_like(weights)).sum() / denom,
-        "train/behave_imp_weight_capped_frac": (capped & mask).sum().to(weights.dtype) / denom,
+        "train/behav_imp_weight": torch.where(mask, weights, torch.zeros_like(weights)).sum() / denom,
+        "train/behav_imp_weight_capped_frac": (capped & mask).sum().to(weights.dtype) / denom,
     }
     inf = torch.full((), math.inf, dtype=weights.dtype, device=weights.device)
-    out["train/behave_imp_weight_max"] = torch.where(mask, weights, -inf).amax() if mask.numel() else -inf
-    out["train/behave_imp_weight_min"] = torch.where(mask, weights, inf).amin() if mask.numel() else inf
+    out["train/behav_imp_weight_max"] = torch.where(mask, weights, -inf).amax() if mask.numel() else -inf
+    out["train/behav_imp_weight_min"] = torch.where(mask, weights, inf).amin() if mask.numel() else inf
     return out

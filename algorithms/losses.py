@@ -21,11 +21,10 @@ import torch
 from torch import Tensor
 
 from algorithms.functional import get_mask, kl_estimate, require, token_tensor
-from algorithms.importance import WEIGHT_METRIC_NAMES, behave_importance_weights, weight_metrics
-from areal_agents.config import AlgorithmConfig
+from algorithms.importance import WEIGHT_METRIC_NAMES, behav_importance_weights, weight_metrics
+from areal_agents.config import LOSS_AGG_MODES, AlgorithmConfig
 
 __all__ = [
-    "AGG_MODES",
     "METRIC_NAMES",
     "LossNorm",
     "aggregate",
@@ -35,7 +34,6 @@ __all__ = [
     "value_loss",
 ]
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 METRIC_NAMES = (
     "train/loss",
     "train/pg_loss",
@@ -112,7 +110,7 @@ def aggregate(x: Tensor, mask: Tensor, mode: str, norm: LossNorm) -> Tensor:
         return per_seq.sum() / max(norm.seqs, 1.0)
     if mode == "seq-mean-token-sum-norm":
         return (x.sum(-1) / norm.max_len).sum() / max(norm.seqs, 1.0)
-    raise ValueError(f"loss_agg_mode must be one of {', '.join(AGG_MODES)} (got {mode!r})")
+    raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)} (got {mode!r})")
 
 
 def value_loss(
@@ -148,8 +146,8 @@ def ppo_loss(
     ``r = exp(logp - old)``; ``pg = max(-A r, -A clip(r, 1 - eps_clip, 1 + eps_clip_high))``;
     with ``c_clip`` and ``A < 0``: ``pg = min(pg, -c_clip A)``. Mismatch correction
     (``cfg.imp_weight_mode`` token or sequence): ``pg *= w``, the detached behaviour weight of
-    :func:`~algorithms.importance.behave_importance_weights` from ``prox_logp`` vs
-    ``logprobs``, capped at ``behav_imp_weight_cap`` by ``behave_imp_weight_correction``.
+    :func:`~algorithms.importance.behav_importance_weights` from ``prox_logp`` vs
+    ``logprobs``, capped at ``behav_imp_weight_cap`` by ``behav_imp_weight_correction``.
     Decoupled (``use_decoupled_loss``) is its token-level case (by default masking: ``w = 0``
     where ``w > cap``) with ``old = prox_logp``. Otherwise ``old`` is ``prox_logp`` if
     ``recompute_logprob`` and present (always with a correction), else ``logprobs``.
@@ -203,7 +201,7 @@ def _old_logprobs(batch: Mapping[str, Tensor], cfg: AlgorithmConfig, mask: Tenso
     if cfg.use_decoupled_loss:
         return _token(batch, "prox_logp", "the decoupled loss (algorithm.use_decoupled_loss)", mask, dtype), behav
     if mode != "none":
-        needed_by = f"the mismatch correction (algorithm.behave_imp_weight_mode={mode})"
+        needed_by = f"the mismatch correction (algorithm.behav_imp_weight_mode={mode})"
         return _token(batch, "prox_logp", needed_by, mask, dtype), behav
     if cfg.recompute_logprob and "prox_logp" in batch:
         return _token(batch, "prox_logp", "the policy loss", mask, dtype), behav
@@ -232,19 +230,19 @@ def _clipped_surrogate(ratio: Tensor, adv: Tensor, cfg: AlgorithmConfig, mask: T
 def _importance_weighted(pg: Tensor, old: Tensor, behav: Tensor, cfg: AlgorithmConfig, mask: Tensor,
                          norm: LossNorm) -> tuple[Tensor, dict[str, Tensor]]:
     """``pg`` ``[B, T]`` times the detached behaviour importance weight of ``old`` vs ``behav``
-    (``[B, T]``; :func:`~algorithms.importance.behave_importance_weights`), with its metrics;
+    (``[B, T]``; :func:`~algorithms.importance.behav_importance_weights`), with its metrics;
     ``pg`` unchanged and no metrics when ``imp_weight_mode`` is ``none``. The decoupled loss also
     logs them under its historical names (``train/imp_weight_*``)."""
     mode = cfg.imp_weight_mode
     if mode == "none":
         return pg, {}
     cap = cfg.behav_imp_weight_cap
-    weight, capped = behave_importance_weights(old, behav, mask, mode, cfg.behave_imp_weight_correction, cap)
+    weight, capped = behav_importance_weights(old, behav, mask, mode, cfg.behav_imp_weight_correction, cap)
     stats = dict(weight_metrics(weight, capped, mask, norm.tokens))
     if cfg.use_decoupled_loss:
-        stats["train/imp_weight_mean"] = stats["train/behave_imp_weight"]
+        stats["train/imp_weight_mean"] = stats["train/behav_imp_weight"]
         if cap is not None:
-            stats["train/imp_weight_capped_frac"] = stats["train/behave_imp_weight_capped_frac"]
+            stats["train/imp_weight_capped_frac"] = stats["train/behav_imp_weight_capped_frac"]
     return pg * weight, stats
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from areal_agents.config import AlgorithmConfig
+from areal_agents.config import RENAMED_KEYS, AlgorithmConfig
 from areal_agents.registry import load_object
 
 if TYPE_CHECKING:
@@ -100,7 +100,10 @@ class AlgorithmSpec:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.defaults) - _FIELDS)
         if unknown:
-            raise ValueError(f"algorithm {self.name!r}: defaults has unknown AlgorithmConfig field(s) {unknown}")
+            renamed = [f"{key}: renamed to {RENAMED_KEYS[f'algorithm.{key}'].removeprefix('algorithm.')}"
+                       for key in unknown if f"algorithm.{key}" in RENAMED_KEYS]
+            hint = f" ({'; '.join(renamed)})" if renamed else ""
+            raise ValueError(f"algorithm {self.name!r}: defaults has unknown AlgorithmConfig field(s) {unknown}{hint}")
         if "name" in self.defaults:
             raise ValueError(f"algorithm {self.name!r}: defaults must not set 'name'")
         if self.needs_critic and self.value_targets is None:  # frozen: set through object
@@ -211,15 +214,15 @@ REINFORCE_PP = AlgorithmSpec(
     advantage=_ADV + "reinforce_pp_advantages",
     defaults={**_PLAIN, "kl_in_reward": True, "loss_agg_mode": "token-mean"},
     description="REINFORCE++: token returns with an optional KL reward, whitened over the batch.",
-    formula="G_t = sum_{s>=t} gamma^(s-t) (R 1[s=last] - beta kl_s); A = whiten_batch(G)",
+    formula="G_t = sum_{s>=t} d^(s-t) (R 1[s=last] - beta kl_s), d = token_discount; A = whiten_batch(G)",
 )
 PPO = AlgorithmSpec(
     name="ppo",
     advantage=_ADV + "gae_advantages",
-    defaults={**_PLAIN, "gamma": 1.0, "lam": 0.95, "loss_agg_mode": "token-mean"},
+    defaults={**_PLAIN, "token_discount": 1.0, "gae_lambda": 0.95, "loss_agg_mode": "token-mean"},
     needs_critic=True,
     description="PPO with a critic: GAE advantages, clipped surrogate and clipped value loss.",
-    formula="A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t",
+    formula="A_t = sum_l (d lam)^l delta_{t+l}, delta_t = r_t + d V_{t+1} - V_t (d = token_discount, lam = gae_lambda)",
 )
 DECOUPLED_PPO = AlgorithmSpec(
     name="decoupled-ppo",

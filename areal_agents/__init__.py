@@ -24,7 +24,7 @@ from areal_agents.types import Trajectory
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Env": "areal_agents.env",
+    **dict.fromkeys(("DatasetMixin", "Env", "ReferenceMixin", "RewardMixin"), "areal_agents.env"),
     "check_env": "areal_agents.gym.checker",
     **dict.fromkeys(("make_env", "register_gymnasium_envs"), "areal_agents.gym.registration"),
     **dict.fromkeys(("Agent", "ChatAgent", "checked_step"), "areal_agents.agent"),
@@ -32,7 +32,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from areal_agents.agent import Agent, ChatAgent, checked_step
-    from areal_agents.env import Env
+    from areal_agents.env import DatasetMixin, Env, ReferenceMixin, RewardMixin
     from areal_agents.gym.checker import check_env
     from areal_agents.gym.registration import make_env, register_gymnasium_envs
 
@@ -40,9 +40,12 @@ __all__ = [
     "Agent",
     "ChatAgent",
     "ConfigError",
+    "DatasetMixin",
     "Env",
     "ExperimentConfig",
+    "ReferenceMixin",
     "Registry",
+    "RewardMixin",
     "Trajectory",
     "check_env",
     "checked_step",

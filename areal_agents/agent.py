@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal_agents.tools.calls import parse_tool_calls
-from areal_agents.types import Trajectory, check_turn_discount
+from areal_agents.types import Trajectory
 
 if TYPE_CHECKING:
     from areal_agents.env import Env, Observation
@@ -41,7 +41,8 @@ class Agent(ABC):
     """Plays one episode. Implementations must not raise for env failures: they return a
     trajectory with ``status="env_error"`` instead (the rollout executor counts it).
 
-    An agent reports what each turn earned in ``Trajectory.turn_rewards``, undiscounted; the
+    An agent reports what each turn earned in ``Trajectory.turn_rewards``, undiscounted
+    (:meth:`~areal_agents.types.Trajectory.set_rewards`), and never hears of a discount: the
     episode's ``reward`` and ``turn_returns`` are settled where the episode ends, with the run's
     ``env.turn_discount`` and failure policy (:func:`~areal_agents.rollout.returns.settle_returns`),
     whatever the agent put there."""
@@ -126,8 +127,7 @@ class ChatAgent(Agent):
     the env terminates or truncates, ``max_turns`` replies were made, or ``max_tokens``
     generated tokens are used. The trajectory holds the env's per-turn rewards (``turn_rewards``);
     the rollout discounts them by ``env.turn_discount`` where the episode ends
-    (:func:`~areal_agents.rollout.returns.settle_returns`), so ``turn_discount`` here is only
-    checked and kept (the constructor convention every agent shares).
+    (:func:`~areal_agents.rollout.returns.settle_returns`).
     ``tools`` (OpenAI function specs; default: the env's ``tools``, or ``info["tools"]`` from its
     ``reset``) are rendered into the prompt by the chat template; the env sees the raw reply,
     tool-call markup (``<tool_call>{...}</tool_call>``) included, and the reply's parsed calls go
@@ -149,7 +149,6 @@ class ChatAgent(Agent):
         max_turns: int = 4,
         max_tokens: int = 1024,
         system_prompt: str | None = None,
-        turn_discount: float = 1.0,
         sampling: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
@@ -160,7 +159,6 @@ class ChatAgent(Agent):
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.system_prompt = system_prompt
-        self.turn_discount = check_turn_discount(turn_discount)
         self.sampling = dict(sampling or {})
         self.tools = [dict(t) for t in tools] if tools else None
 
@@ -213,5 +211,5 @@ class ChatAgent(Agent):
             info.setdefault("success", False)
         info["turn_finish_reasons"] = llm.finish_reasons
         traj = llm.to_trajectory(status=status, info=jsonable(info))
-        traj.set_rewards(rewards)  # undiscounted: the rollout applies env.turn_discount (settle_returns)
+        traj.set_rewards(rewards)  # undiscounted: the rollout settles the return (settle_returns)
         return traj

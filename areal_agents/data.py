@@ -14,6 +14,7 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any
 
+from areal_agents.failures import UserError
 from areal_agents.registry import datasets, envs
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ SPLITS = ("train", "test")
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file or argument is unusable; the message names the file, line and field."""
 
 
@@ -215,7 +216,7 @@ def load_dataset_rows(cfg: ExperimentConfig, split: str) -> list[dict[str, Any]]
         name = getattr(env_cls, "default_dataset", None)
         if not name:
             raise DatasetError(f"env {cfg.env.name!r} has no default_dataset: set data.name")
-        kwargs_for = getattr(env_cls, "dataset_kwargs_for", None)  # an Env subclass; a factory may lack it
+        kwargs_for = getattr(env_cls, "dataset_kwargs_for", None)  # a DatasetMixin env's; other envs may lack it
         kwargs.update(kwargs_for(dict(cfg.env.kwargs)) if callable(kwargs_for)
                       else getattr(env_cls, "default_dataset_kwargs", {}) or {})
     kwargs.update(cfg.data.kwargs)

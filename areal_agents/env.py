@@ -5,14 +5,24 @@ Subclass :class:`Env`, implement ``reset`` and ``step``, register the class with
 ``str`` (shown to the model as a user message) or a list of chat messages; actions are the
 model's reply text. The info of the step that ends an episode should carry ``"success": bool``;
 without it, evaluation counts an episode as solved when its return is positive.
+
+:class:`Env` is the Gymnasium contract alone (reset, step, spaces, ``np_random``, and their async
+variants). What a run needs besides comes from small mixins an env lists before ``Env`` when it
+uses them: :class:`DatasetMixin` (rows of a registered dataset; ``reset()`` without a row draws
+one), :class:`RewardMixin` (``compute_reward`` in the run's reward workers) and
+:class:`ReferenceMixin` (correct replies for the supervised warm start). Optional class
+attributes the framework reads: ``tools`` (OpenAI function specs the model is shown) and
+``default_config`` (``env.*``, ``agent.*`` and ``sampling.*`` keys a run of this env uses unless
+the user's config sets them; run-level keys belong in a recipe, see ``docs/custom_env.md``).
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
+import numpy as np
 
 from areal_agents.data import default_rows
 from areal_agents.runtime.threads import run_in_thread
@@ -20,37 +30,50 @@ from areal_agents.runtime.threads import run_in_thread
 if TYPE_CHECKING:
     from areal_agents.rewards import RewardRunner
 
-__all__ = ["Env", "Observation", "TextSpace", "TurnLimitedEnv", "is_messages", "run_in_thread"]
+__all__ = ["GENERIC_PROBES", "DatasetMixin", "Env", "Observation", "ReferenceMixin", "RewardMixin", "TextSpace", "TurnLimitedEnv",
+           "is_messages", "reference_completion", "reference_conversation", "run_in_thread"]
 
 Observation = str | list[dict[str, Any]]
 
-# Kept importable from here; they live in areal_agents.gym (the checker imports this module).
-_ELSEWHERE = {**dict.fromkeys(("DEFAULT_PROBE_ACTIONS", "EnvCheckError", "EnvCheckWarning", "check_env"),
-                              "areal_agents.gym.checker"),
-              "make_env": "areal_agents.gym.registration"}
+GENERIC_PROBES = ("42", "", "I do not know.")  # a TextSpace's probes when it is given none
 
 
-def __getattr__(name: str) -> Any:
-    if name in _ELSEWHERE:
-        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
-    raise AttributeError(f"module 'areal_agents.env' has no attribute {name!r}")
+class TextSpace(gymnasium.spaces.Space[str]):
+    """Any text (or, for observations, a list of ``{"role", "content"}`` chat messages).
 
+    ``probes`` are replies worth trying on the env (its answer format, a wrong answer, an empty
+    reply); :meth:`sample` draws one with the space's RNG and :func:`~areal_agents.gym.checker.check_env`
+    plays them in turn. An env gives its action space its own probes
+    (``action_space = TextSpace(probes=("<python>print(6*7)</python>", "42"))``); without them a
+    few generic replies stand in.
+    """
 
-class TextSpace(gymnasium.spaces.Space):
-    """Any text (or, for observations, a list of ``{"role", "content"}`` chat messages)."""
-
-    def __init__(self, allow_messages: bool = False) -> None:
-        super().__init__(shape=None, dtype=None)
+    def __init__(self, allow_messages: bool = False, probes: Sequence[str] = (),
+                 seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        if isinstance(probes, str) or not all(isinstance(p, str) for p in probes):
+            raise TypeError(f"TextSpace: probes must be a sequence of strings (got {probes!r:.80})")
         self.allow_messages = allow_messages
+        self.probes: tuple[str, ...] = tuple(probes) or GENERIC_PROBES
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) or (self.allow_messages and is_messages(x))
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
-        return ""
+        """One of :attr:`probes`, drawn with ``self.np_random`` (``space.seed(s)`` repeats the draws)."""
+        return self.probes[int(self.np_random.integers(len(self.probes)))]
 
     def __repr__(self) -> str:
-        return "TextSpace(messages)" if self.allow_messages else "TextSpace()"
+        args = ["messages"] if self.allow_messages else []
+        if self.probes != GENERIC_PROBES:
+            args.append(f"probes={self.probes!r}")
+        return f"TextSpace({', '.join(args)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextSpace) and (self.allow_messages, self.probes) == (other.allow_messages, other.probes)
+
+    def __hash__(self) -> int:
+        return hash((self.allow_messages, self.probes))
 
 
 def is_messages(x: Any) -> bool:
@@ -59,42 +82,24 @@ def is_messages(x: Any) -> bool:
     )
 
 
-class Env(gymnasium.Env):
-    """Base class of text environments (see the module docstring).
+class Env(gymnasium.Env[Observation, str]):
+    """Base class of text environments: Gymnasium's contract, with text for observations and actions.
 
-    Class attributes a subclass may set:
-
-    * ``default_dataset`` — registered dataset whose rows this env plays by default;
-    * ``default_dataset_kwargs`` — keyword arguments for that dataset (an env whose constructor
-      arguments decide them, e.g. a task name, overrides :meth:`dataset_kwargs_for` and sets
-      ``self.dataset_kwargs`` in ``__init__``);
-    * ``default_config`` — config keys a run of this env uses unless the YAML or an override
-      sets them (nested dicts, e.g. ``{"agent": {"name": "my-agent"}}``);
-    * ``tools`` — OpenAI function specs the model is shown (:class:`~areal_agents.agent.ChatAgent`
-      renders them with the chat template; an instance may set its own in ``reset``).
-
-    ``reset(seed=None, options=row)`` starts an episode for the dataset ``row``; with no row
-    (``options`` None or ``{}``) it draws one of ``default_dataset`` with ``self.np_random``
-    (:meth:`resolve_row`), as Gymnasium's own checker expects. ``step(text)`` returns
-    ``(observation, reward, terminated, truncated, info)``. :meth:`areset` / :meth:`astep`
+    ``reset(seed=None, options=row)`` starts an episode (``options`` is the dataset row the run
+    plays, or None) and returns ``(observation, info)``; ``step(text)`` returns
+    ``(observation, reward, terminated, truncated, info)``. Randomness comes from
+    ``self.np_random``, seeded by ``super().reset(seed=seed)``. :meth:`areset` / :meth:`astep`
     run the sync methods on a thread of their own (:func:`run_in_thread`); override them for
-    natively async envs.
+    natively async envs. Datasets, rewards and warm-start references are mixins
+    (:class:`DatasetMixin`, :class:`RewardMixin`, :class:`ReferenceMixin`).
 
     State keys (for GiGPO's step groups): the info of ``reset`` or ``step`` may carry
     ``"state_key": str``, a name of the state the next turn acts in; turns of one group with
     equal keys are compared with each other. Without it the agent hashes the observation.
     """
 
-    default_dataset: ClassVar[str | None] = None
-    default_dataset_kwargs: ClassVar[dict[str, Any]] = {}
-    dataset_kwargs: dict[str, Any] | None = None  # this instance's, when its constructor arguments decide them
-    default_config: ClassVar[dict[str, Any]] = {}
-    tools: list[dict[str, Any]] | None = None
     observation_space = TextSpace(allow_messages=True)
     action_space = TextSpace()
-    reward_runner: RewardRunner | None = None  # handed over by whoever builds the env for a run
-
-    row: dict[str, Any] | None = None
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -117,39 +122,27 @@ class Env(gymnasium.Env):
     def close(self) -> None:
         """Release resources (sandboxes, files); the default does nothing."""
 
-    def reference_completion(self, row: dict[str, Any]) -> str | None:
-        """A correct first reply to ``row`` for supervised warm start, or ``None`` if there is none."""
-        return None
 
-    def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """A correct whole episode of ``row`` as OpenAI chat messages for the warm start (e.g. user,
-        assistant with ``tool_calls``, ``tool`` result, assistant answer), rendered with ``tools``;
-        only the assistant turns are trained. ``None`` (the default): :meth:`reference_completion`."""
-        return None
+class DatasetMixin:
+    """Rows of a registered dataset for an :class:`Env` (list it before ``Env``:
+    ``class MyEnv(DatasetMixin, Env)``).
 
-    def compute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        """Evaluate a reward (registered name or function) in this env's
-        :class:`~areal_agents.rewards.RewardRunner`; returns ``(value, info)`` where ``info`` has
-        ``reward_status`` (``ok`` / ``reward_error`` / ``timeout``) and, on failure, ``reward_error``.
-        A failed reward counts as 0.0.
+    * ``default_dataset`` — the registered dataset whose rows the env plays by default (a run
+      takes its train and test rows from it unless ``data.name`` says otherwise);
+    * ``default_dataset_kwargs`` — keyword arguments for that dataset (an env whose constructor
+      arguments decide them, e.g. a task name, overrides :meth:`dataset_kwargs_for` and sets
+      ``self.dataset_kwargs`` in ``__init__``).
 
-        The runner is ``self.reward_runner``, which whoever builds the env for a run hands over
-        (:func:`~areal_agents.gym.registration.make_env` ``(..., reward_runner=...)``; the rollout,
-        evaluation and the preflight check do); an env built by hand, outside a run, uses
-        :func:`~areal_agents.rewards.get_default_runner`."""
-        return _reward_outcome(self._reward_runner().compute(reward, completion, row))
+    ``self.row = self.resolve_row(options)`` in ``reset`` takes the row the run passes, or with
+    none (``options`` None, or ``{}`` as Gymnasium's own checker resets) draws one of
+    ``default_dataset`` with ``self.np_random``.
+    """
 
-    async def acompute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        """:meth:`compute_reward` for natively async envs (``astep`` / ``aplay_turn``): the
-        worker's reply is awaited in the event loop, not on a thread."""
-        return _reward_outcome(await self._reward_runner().acompute(reward, completion, row))
-
-    def _reward_runner(self) -> RewardRunner:
-        if self.reward_runner is not None:
-            return self.reward_runner
-        from areal_agents.rewards import get_default_runner
-
-        return get_default_runner()
+    default_dataset: ClassVar[str | None] = None
+    default_dataset_kwargs: ClassVar[dict[str, Any]] = {}
+    dataset_kwargs: dict[str, Any] | None = None  # this instance's, when its constructor arguments decide them
+    row: dict[str, Any] | None = None  # the episode's row, once reset has resolved it
+    np_random: np.random.Generator  # the Env's
 
     def resolve_row(self, options: dict[str, Any] | None, required: tuple[str, ...] = ()) -> dict[str, Any]:
         """A copy of the ``reset`` options row, checked for ``required`` fields; with no row
@@ -184,6 +177,37 @@ class Env(gymnasium.Env):
         return dict(rows[int(self.np_random.integers(len(rows)))])
 
 
+class RewardMixin:
+    """Rewards evaluated in the run's reward workers, for an :class:`Env` whose ``step`` scores a
+    reply with a registered reward (``class MyEnv(RewardMixin, Env)``).
+
+    Whoever builds the env for a run hands it a :class:`~areal_agents.rewards.RewardRunner` as
+    ``reward_runner`` (:func:`~areal_agents.gym.registration.make_env` ``(..., reward_runner=...)``;
+    the rollout, evaluation and the preflight check do); an env built by hand, outside a run,
+    uses :func:`~areal_agents.rewards.get_default_runner`.
+    """
+
+    reward_runner: RewardRunner | None = None
+
+    def compute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """Evaluate a reward (registered name or function) in this env's runner; returns
+        ``(value, info)`` where ``info`` has ``reward_status`` (``ok`` / ``reward_error`` /
+        ``timeout``) and, on failure, ``reward_error``. A failed reward counts as 0.0."""
+        return _reward_outcome(self._reward_runner().compute(reward, completion, row))
+
+    async def acompute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """:meth:`compute_reward` for natively async envs (``astep`` / ``aplay_turn``): the
+        worker's reply is awaited in the event loop, not on a thread."""
+        return _reward_outcome(await self._reward_runner().acompute(reward, completion, row))
+
+    def _reward_runner(self) -> RewardRunner:
+        if self.reward_runner is not None:
+            return self.reward_runner
+        from areal_agents.rewards import get_default_runner
+
+        return get_default_runner()
+
+
 def _reward_outcome(result: Any) -> tuple[float, dict[str, Any]]:
     info: dict[str, Any] = {"reward_status": result.status}
     if not result.ok:
@@ -191,8 +215,41 @@ def _reward_outcome(result: Any) -> tuple[float, dict[str, Any]]:
     return result.value, info
 
 
-class TurnLimitedEnv(Env):
-    """An env of up to ``max_turns`` replies to one dataset row.
+class ReferenceMixin:
+    """Correct replies for the supervised warm start of the tiny default model
+    (``class MyEnv(ReferenceMixin, Env)``); override one or both methods.
+
+    The framework reads them through :func:`reference_completion` / :func:`reference_conversation`,
+    which also take an env that defines the methods without this mixin, and give ``None`` for an
+    env with neither.
+    """
+
+    def reference_completion(self, row: dict[str, Any]) -> str | None:
+        """A correct first reply to ``row`` for supervised warm start, or ``None`` if there is none."""
+        return None
+
+    def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A correct whole episode of ``row`` as OpenAI chat messages for the warm start (e.g. user,
+        assistant with ``tool_calls``, ``tool`` result, assistant answer), rendered with ``tools``;
+        only the assistant turns are trained. ``None`` (the default): :meth:`reference_completion`."""
+        return None
+
+
+def reference_completion(env: Any, row: dict[str, Any]) -> str | None:
+    """``env.reference_completion(row)``, or ``None`` for an env without one."""
+    method = getattr(env, "reference_completion", None)
+    return None if method is None else method(row)  # type: ignore[no-any-return]
+
+
+def reference_conversation(env: Any, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """``env.reference_conversation(row)``, or ``None`` for an env without one."""
+    method = getattr(env, "reference_conversation", None)
+    return None if method is None else method(row)  # type: ignore[no-any-return]
+
+
+class TurnLimitedEnv(DatasetMixin, Env):
+    """An env of up to ``max_turns`` replies to one dataset row (its rows come from
+    :class:`DatasetMixin`: ``reset`` resolves ``options`` into ``self.row``).
 
     A subclass names the row fields it needs in ``required_fields``, may set up an episode in
     :meth:`start` (which returns the first observation, ``row["prompt"]`` by default) and plays

@@ -17,7 +17,7 @@ from typing import Any
 
 from areal_agents.types import Trajectory
 
-__all__ = ["EpisodesFailed", "blame", "code_location", "describe", "failure_cause", "failure_message", "function_location",
+__all__ = ["EpisodesFailed", "UserError", "blame", "code_location", "describe", "failure_cause", "failure_message", "function_location",
            "message_line"]
 
 COMPONENTS = {"env_error": "env", "agent_error": "agent", "reward_error": "reward", "server_error": "server",
@@ -33,7 +33,19 @@ HINTS = {
 }
 
 
-class EpisodesFailed(RuntimeError):
+class UserError(Exception):
+    """Bad input or a broken setup, not a bug in this package: the command line prints the
+    message in one line and exits 1, with no traceback (``AREAL_AGENTS_TRACEBACK=1`` shows it).
+
+    The errors of the rooms below the command line derive from it (with the built-in class they
+    always were), so the command line knows them without importing them. A subclass whose
+    message already says what failed sets ``names_its_cause = True``: its type name is left out.
+    """
+
+    names_its_cause = False
+
+
+class EpisodesFailed(UserError, RuntimeError):
     """Every episode of a stretch (rollout groups, an evaluation) failed; the message names the cause."""
 
     names_its_cause = True  # the CLI prints the message alone

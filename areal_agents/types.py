@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["STATUSES", "Trajectory", "check_turn_discount", "discounted_returns", "is_turn_discount"]
+__all__ = ["STATUSES", "Trajectory", "is_turn_discount"]
 
 STATUSES = ("ok", "env_error", "agent_error", "reward_error", "timeout", "aborted", "server_error")
 
 
 def is_turn_discount(gamma: float) -> bool:
-    """Whether ``gamma`` is a valid turn discount: γ ∈ (0, 1]."""
+    """Whether ``gamma`` is a valid turn discount, γ ∈ (0, 1]: the rule of the ``env.turn_discount``
+    config field, the one place γ is checked."""
     return 0.0 < gamma <= 1.0
-
-
-def check_turn_discount(gamma: float) -> float:
-    """``gamma`` when :func:`is_turn_discount`; else ``ValueError``."""
-    if not is_turn_discount(gamma):
-        raise ValueError(f"turn_discount must be in (0, 1] (got {gamma})")
-    return gamma
-
-
-def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> tuple[float, list[float]]:
-    """Episode return ``Σ_k γ^k r_k`` and per-turn returns ``G_t = Σ_{k≥t} γ^(k-t) r_k``.
-
-    >>> discounted_returns([0.0, 1.0], 0.5)
-    (0.5, [0.5, 1.0])
-    """
-    check_turn_discount(gamma)
-    returns = list(itertools.accumulate(reversed([float(r) for r in turn_rewards]), lambda g, r: r + gamma * g))
-    returns.reverse()
-    return (returns[0] if returns else 0.0), returns
 
 
 @dataclass
@@ -48,6 +29,12 @@ class Trajectory:
     the env state turn ``t`` acted in (its *anchor state*; see :meth:`areal_agents.llm.LLM.chat`):
     turns of one group with equal keys are compared with each other by GiGPO. ``""`` (or a list
     not aligned with ``turn_spans``, as in files written before the field existed) means unknown.
+
+    ``turn_rewards[t]`` is what turn ``t`` earned, undiscounted, as the agent reported it
+    (:meth:`set_rewards`). ``reward`` (the episode's return ``Σ_k γ^k r_k``) and ``turn_returns``
+    (each turn's return) are *settled* from them where the episode ends, with the run's
+    ``env.turn_discount`` γ (:func:`~areal_agents.rollout.returns.settle_returns`); before that
+    they are 0.0 and ``[]``.
     """
 
     input_ids: list[int] = field(default_factory=list)
@@ -105,14 +92,15 @@ class Trajectory:
                                if isinstance(v := getattr(self, f.name), (list, dict))}
         return replace(self, **own)
 
-    def set_rewards(self, turn_rewards: Sequence[float], turn_discount: float = 1.0) -> None:
-        """Store per-turn rewards and derive ``reward`` and ``turn_returns`` (undiscounted by default).
+    def set_rewards(self, turn_rewards: Sequence[float]) -> None:
+        """Record what each turn earned, undiscounted: what an agent calls to report its rewards.
 
-        What an agent calls to report its rewards; the rollout settles the returns again with the
-        run's ``env.turn_discount`` where the episode ends
-        (:func:`~areal_agents.rollout.returns.settle_returns`), so an agent need not know γ."""
+        The return is not the agent's to compute: ``reward`` and ``turn_returns`` are cleared
+        (0.0 and ``[]``, so no earlier value passes for a return) until the rollout settles
+        them where the episode ends, with the run's ``env.turn_discount``
+        (:func:`~areal_agents.rollout.returns.settle_returns`)."""
         self.turn_rewards = [float(r) for r in turn_rewards]
-        self.reward, self.turn_returns = discounted_returns(self.turn_rewards, turn_discount)
+        self.reward, self.turn_returns = 0.0, []
 
     def flatten(self) -> list[Trajectory]:
         """The episode's trajectories to train on: its ``segments`` (with this one's group,

@@ -67,7 +67,7 @@ def plain_loop(model_path: str, seed: int, budget_s: float, eval_every: int) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from areal_agents.data import load_dataset_rows
-    from areal_agents.env import make_env
+    from areal_agents.gym.registration import make_env
     from areal_agents.rewards import math_reward
     from trainers.sft import greedy_accuracy, render_examples
 

@@ -106,7 +106,7 @@ def run_mode(eta: int, steps: int, train_s: float, args: argparse.Namespace) -> 
         n = await generate(seed)
         traj = Trajectory(input_ids=[1] * (4 + n), loss_mask=[0] * 4 + [1] * n, logprobs=[0.0] * (4 + n),
                           versions=[-1] * 4 + [0] * n, turn_spans=[(4, 4 + n)])
-        traj.set_rewards([float(seed % 2)], 1.0)
+        traj.set_rewards([float(seed % 2)])
         return traj
 
     async def close() -> None:

@@ -118,7 +118,7 @@ def executor_loop(address: str, n: int, concurrency: int, group_size: int = 4) -
         traj = Trajectory(input_ids=PROMPT + gen.output_ids, loss_mask=[0] * len(PROMPT) + [1] * n_out,
                           logprobs=[0.0] * len(PROMPT) + gen.logprobs, versions=[-1] * len(PROMPT) + gen.versions,
                           turn_spans=[(len(PROMPT), len(PROMPT) + n_out)])
-        traj.set_rewards([float(seed % 2)], 1.0)
+        traj.set_rewards([float(seed % 2)])
         return traj
 
     batch_groups = 16

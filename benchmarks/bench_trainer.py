@@ -38,6 +38,7 @@ def _lengths(n: int, seed: int) -> list[tuple[int, int]]:
 
 
 def _trajectories(n: int, vocab: int, seed: int) -> list[Any]:
+    from areal_agents.rollout.returns import settle_returns
     from areal_agents.types import Trajectory
 
     rng = random.Random(seed)
@@ -47,7 +48,8 @@ def _trajectories(n: int, vocab: int, seed: int) -> list[Any]:
         t = Trajectory(input_ids=ids, loss_mask=[0] * p + [1] * r,
                        logprobs=[0.0] * p + [-rng.random() for _ in range(r)],
                        versions=[-1] * p + [0] * r, turn_spans=[(p, p + r)], group_id=f"g{i // 8}")
-        t.set_rewards([float(rng.random() < 0.5)], 1.0)
+        t.set_rewards([float(rng.random() < 0.5)])
+        settle_returns(t)
         out.append(t)
     return out
 

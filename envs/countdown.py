@@ -11,7 +11,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from areal_agents.env import TurnLimitedEnv
+from areal_agents.env import ReferenceMixin, TextSpace, TurnLimitedEnv
 
 __all__ = ["CountdownEnv", "countdown_dataset", "evaluate_expression"]
 
@@ -134,14 +134,15 @@ def countdown_dataset(
     return rows
 
 
-class CountdownEnv(TurnLimitedEnv):
+class CountdownEnv(ReferenceMixin, TurnLimitedEnv):
     """Reply with an expression using each given number at most once; the env says what it gives.
 
     The default dataset is the 2-number game (numbers 1-20, ``+ - *`` targets), which a player
     that uses the feedback always wins within 3 tries; ``data.kwargs.count=3`` is the classic one.
 
     Feedback: ``Invalid expression.``, ``Use only 3 5 7, each once.`` or ``That gives 26, not 22.``
-    Hitting the target gives reward 1.0; ``max_turns`` tries truncate the episode.
+    Hitting the target gives reward 1.0; ``max_turns`` tries truncate the episode. A run's settings:
+    ``envs/recipes/countdown.yaml``.
     """
 
     default_dataset = "countdown"
@@ -150,20 +151,8 @@ class CountdownEnv(TurnLimitedEnv):
     # 400), but it learns to use the feedback: try a+b, then a*b, then b-a. Pass count=3
     # (data.kwargs.count=3 / env.kwargs) for the classic game on a larger model.
     default_dataset_kwargs: ClassVar[dict[str, Any]] = {"count": 2, "high": 20}
-    default_config: ClassVar[dict[str, Any]] = {
-        # 3 tries solve any 2-number puzzle; the warm start plays whole methodical games
-        # (reference_conversation) until 0.8 of its greedy games succeed, checked every 20 steps
-        # (an episode check costs more than a string match; the curve is steep: 0.43 at step 60,
-        # 0.88 at 80, seed 1); only groups whose games scored differently are trained. Stopped at
-        # 0.6, a warm start that just passed it (60 steps, 0.616 on the eval) was still at 0.736
-        # after 100 RL steps, while one of 80 steps at the same check level reached 0.962
-        # (2026-12-05); 100 RL steps (~1.5 min).
-        "agent": {"max_turns": 4},
-        "sft": {"warm_start_target": 0.8, "warm_start_check_every": 20},
-        "rollout": {"group_filter": "nonzero_std"},
-        "trainer": {"total_steps": 100, "save_every": 25},
-        "eval": {"every": 25},
-    }
+    default_config: ClassVar[dict[str, Any]] = {"agent": {"max_turns": 4}}  # 3 tries solve any 2-number puzzle
+    action_space = TextSpace(probes=("1+2", "", "3*4", "hello", "(1+2)*3=9"))
     required_fields = ("numbers", "target")
 
     def __init__(self, max_turns: int = 6) -> None:

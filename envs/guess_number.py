@@ -6,7 +6,7 @@ import random
 import re
 from typing import Any, ClassVar
 
-from areal_agents.env import TurnLimitedEnv
+from areal_agents.env import ReferenceMixin, TextSpace, TurnLimitedEnv
 
 __all__ = ["GuessNumberEnv", "guess_number_dataset"]
 
@@ -56,11 +56,12 @@ def _feedback(guess: int, target: int) -> str:
     return "Higher." if guess < target else "Lower."
 
 
-class GuessNumberEnv(TurnLimitedEnv):
+class GuessNumberEnv(ReferenceMixin, TurnLimitedEnv):
     """Each reply's last integer is a guess; the env answers ``Higher.`` or ``Lower.``.
 
     Success gives reward ``1 - 0.5 * (turns - 1) / max_turns`` (fewer turns, more reward); a
-    reply without a number gets ``Reply with one number.``; ``max_turns`` guesses truncate.
+    reply without a number gets ``Reply with one number.``; ``max_turns`` guesses truncate. A run's
+    settings: ``envs/recipes/guess-number.yaml``.
     """
 
     default_dataset = "guess-number"
@@ -68,19 +69,9 @@ class GuessNumberEnv(TurnLimitedEnv):
     # top of the bisection tree only, and RL cannot find the deeper guesses by sampling: greedy
     # success fell from 0.42 to 0.34 in 60 steps (seed 1, 2026-12-04). Pass high=100 for the classic game.
     default_dataset_kwargs: ClassVar[dict[str, Any]] = {"high": 30}
-    default_config: ClassVar[dict[str, Any]] = {
-        # The agent may make as many guesses as the env allows (the default 4 would cut games
-        # short); the warm start plays whole bisection games until 0.8 of its greedy games succeed
-        # (stopped at 0.5, RL plateaued at 0.69-0.81 in 3 seeds: too few deep games were ever won
-        # to reinforce; from 0.7, one seed of 3 ended at 0.78 with one-token message headers;
-        # from 0.8 all 3 ended at 0.92-1.00 in two runs of 3 seeds, 2026-12-05); only groups whose
-        # games scored differently are trained.
-        "agent": {"max_turns": 7},
-        "sft": {"warm_start_target": 0.8, "warm_start_check_every": 10},
-        "rollout": {"group_filter": "nonzero_std"},
-        "trainer": {"total_steps": 100, "save_every": 25},
-        "eval": {"every": 25},
-    }
+    # The agent may make as many guesses as the env allows (the default 4 would cut games short).
+    default_config: ClassVar[dict[str, Any]] = {"agent": {"max_turns": 7}}
+    action_space = TextSpace(probes=("50", "", "25", "I guess 75.", "Higher?"))
     required_fields = ("target",)
 
     def __init__(self, max_turns: int = 7) -> None:

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from areal_agents.env import Observation, TurnLimitedEnv
+from areal_agents.env import Observation, ReferenceMixin, RewardMixin, TextSpace, TurnLimitedEnv
 
 __all__ = ["MathEnv"]
 
 
-class MathEnv(TurnLimitedEnv):
+class MathEnv(RewardMixin, ReferenceMixin, TurnLimitedEnv):
     """Single turn: the observation is ``row["prompt"]``; the reply is scored against ``row["answer"]``.
 
     ``reward`` names a registered reward (default ``math``: \\boxed{}, ``#### N`` or the last
-    number, compared with math-verify). Reward 1.0 means success.
+    number, compared with math-verify). Reward 1.0 means success. A run's settings: ``envs/recipes/math.yaml``.
     """
 
     default_dataset = "arithmetic"
-    default_config: ClassVar[dict[str, Any]] = {
-        # A warm start past the middle of the SFT jump, 200 RL steps, and only groups whose
-        # samples disagree in the batch: each seed then ends near or above 0.85 greedy accuracy
-        # (docs/benchmarks.md, "What limits RL on the tiny model"); rows whose last group every sample
-        # solved are mostly skipped, so late in a run generation is not spent on sums the model
-        # has learnt (rows no sample solved keep coming: they are what is left to learn). The SFT
-        # curve stays flat for ~450 steps, then rises over ~40 (0.2 -> 0.55): checks every 20
-        # steps while far below the target. An eval costs about 4 RL steps, a checkpoint half a
-        # step: fewer of them.
-        "sft": {"warm_start_target": 0.55, "warm_start_far_check_every": 20},
-        "rollout": {"group_filter": "nonzero_std", "skip_no_signal": 0.97},
-        "trainer": {"total_steps": 200, "save_every": 50},
-        "eval": {"every": 50},
-    }
+    action_space = TextSpace(probes=("42", "", "The answer is \\boxed{7}.", "7"))
     required_fields: ClassVar[tuple[str, ...]] = ("prompt", "answer")
 
     def __init__(self, reward: str = "math") -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any
 
-from areal_agents.env import TurnLimitedEnv
+from areal_agents.env import ReferenceMixin, RewardMixin, TextSpace, TurnLimitedEnv
 from areal_agents.tools.sandbox import run_python
 
 __all__ = ["PythonToolEnv"]
@@ -13,26 +13,19 @@ __all__ = ["PythonToolEnv"]
 _CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 
 
-class PythonToolEnv(TurnLimitedEnv):
+class PythonToolEnv(RewardMixin, ReferenceMixin, TurnLimitedEnv):
     """Tool use: a reply containing ``<python>code</python>`` runs the code in the sandbox
     (:func:`areal_agents.tools.sandbox.run_python`) and the observation is ``<output>...</output>``;
     a reply without a tool call is the final answer, scored by ``reward`` (default ``math``).
 
     A ``<python>`` without ``</python>`` gets ``Tool error: close the code with </python>.``;
     a tool run that times out says ``Timed out.`` in its output. ``max_turns`` replies truncate.
+    A run's settings: ``envs/recipes/python-tool.yaml``.
     """
 
     default_dataset = "arithmetic"
     default_dataset_kwargs = {"ops": ["*"], "template": "{a}{op}{b}=?"}
-    default_config: ClassVar[dict[str, Any]] = {
-        # The warm start plays whole episodes (call, sandbox output, answer); its checks run the
-        # sandbox 200 times, so they come every 10 steps while the success rate is flat near 0. Its
-        # curve jumps late (0.1 -> 0.8 within 5 steps at ~100 steps), so RL starts near 0.75 and
-        # gains in its first 20-40 steps; a step runs ~128 sandboxed tool calls, so 40 of them.
-        "sft": {"warm_start_far_check_every": 10},
-        "trainer": {"total_steps": 40, "save_every": 20},
-        "eval": {"every": 20},
-    }
+    action_space = TextSpace(probes=("<python>print(6*7)</python>", "42", "", "<python>print(", "The answer is \\boxed{7}."))
     required_fields = ("prompt", "answer")
 
     def __init__(

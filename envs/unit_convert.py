@@ -17,7 +17,7 @@ import json
 import random
 from typing import Any, ClassVar
 
-from areal_agents.env import Observation, TurnLimitedEnv
+from areal_agents.env import Observation, ReferenceMixin, TextSpace, TurnLimitedEnv
 from areal_agents.tools.calls import parse_tool_calls
 
 __all__ = ["CONVERT", "UNITS", "UnitConvertEnv", "convert", "run_tool", "unit_convert_agent", "unit_convert_dataset"]
@@ -100,26 +100,19 @@ def _is_answer(text: str, answer: str) -> bool:
         return False
 
 
-class UnitConvertEnv(TurnLimitedEnv):
+class UnitConvertEnv(ReferenceMixin, TurnLimitedEnv):
     """The reply is the answer (reward 1.0 when its number is the converted value, to 2 decimals),
     or a ``<tool_call>`` whose result comes back as a ``tool`` message (reward 0, the episode goes
-    on). ``max_turns`` replies truncate the episode."""
+    on). ``max_turns`` replies truncate the episode. A run's settings: ``envs/recipes/unit-convert.yaml``."""
 
     default_dataset = "unit-convert"
     default_config: ClassVar[dict[str, Any]] = {
         "agent": {"name": "unit-convert"},
         "sampling": {"max_new_tokens": 40},
-        # episodes are ~85 tokens, ~5x the sums of ``math``: small warm-start batches (the SFT
-        # curve is steep: ~0 until step 375, 0.22 at 400, 0.61 at 425: checks every 10 steps).
-        # Stopped at the global 0.4, RL gained +11 points in 80 steps (seed 2, 0.402 -> 0.514);
-        # stopped at 0.6, it ended at 0.69-0.89 (seeds 1-3); stopped at 0.8, RL starts at
-        # 0.84-0.90 and ends at 0.95-0.99 (2026-12-04). Only groups whose episodes scored
-        # differently are trained.
-        "sft": {"batch_size": 16, "warm_start_lr": 1e-3, "warm_start_check_every": 10, "warm_start_target": 0.8},
-        "rollout": {"batch_size": 8, "group_filter": "nonzero_std"},
-        "trainer": {"total_steps": 80},
-        "eval": {"every": 20},
     }
+    action_space = TextSpace(probes=(
+        '<tool_call>{"name": "convert", "arguments": {"value": 3, "from": "km", "to": "m"}}</tool_call>',
+        "3000", "", "<tool_call>convert 3 km</tool_call>"))
     required_fields = ("prompt", "value", "from", "to", "answer")
     tools = [CONVERT]
 

@@ -16,12 +16,11 @@ logs; every rank trains its FSDP2 shard on the batch rank 0 broadcasts.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import subprocess
-import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ import numpy as np
 import torch
 
 from algorithms.specs import AlgorithmSpec, get_algorithm
-from areal_agents.cli.preflight import preflight
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
@@ -50,11 +48,14 @@ from trainers.rollout_only import write_rollouts
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import WeightSync, make_weight_sync
 
-__all__ = ["build_engine", "cli_run", "cpu_trainer_threads", "run", "train_step"]
+__all__ = ["build_engine", "cpu_trainer_threads", "launch", "run", "train_step"]
 
 
-def cli_run(args: argparse.Namespace) -> int:
-    cfg: ExperimentConfig = args.cfg
+def launch(cfg: ExperimentConfig, argv: Sequence[str]) -> int:
+    """What ``areal-agents run`` hands over (``argv``: its arguments after the program name, for
+    the ranks to re-enter it): the servers and ranks as Ray actors (``launcher=ray``), N trainer
+    ranks under ``torchrun`` (``trainer.nproc * trainer.nnodes > 1``), or :func:`run` in this
+    process (also what each launched rank does: ``WORLD_SIZE`` is set there). Returns the exit code."""
     ranks = cfg.trainer.nproc * cfg.trainer.nnodes
     if ranks > 1 and cfg.actor.path is None:  # the warm start would be a collective SFT per run
         raise ConfigError("trainer.nproc", "more than one trainer rank needs actor.path "
@@ -64,7 +65,7 @@ def cli_run(args: argparse.Namespace) -> int:
 
         return run_on_ray(cfg)
     if ranks > 1 and "WORLD_SIZE" not in os.environ:  # re-launch on N trainer ranks (per node)
-        command = tdist.torchrun_command(cfg.trainer.nproc, "areal_agents.cli", sys.argv[1:], nnodes=cfg.trainer.nnodes,
+        command = tdist.torchrun_command(cfg.trainer.nproc, "areal_agents.cli", argv, nnodes=cfg.trainer.nnodes,
                                          rdzv_endpoint=cfg.trainer.rdzv_endpoint)
         return subprocess.call(command)
     if "WORLD_SIZE" in os.environ:  # a launched rank: ends with its launcher (a Ray actor) when asked to
@@ -262,8 +263,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train (or, with ``mode``, only roll out / only train) and return the summary."""
     rank, _ = tdist.init_distributed(cfg.trainer.device, cfg.trainer_first_gpu)
     main, run_dir = rank == 0, Path(cfg.run_dir)
-    if main:  # the user's env, reward and agent on one row, in seconds, before any model or server
-        preflight(cfg)
+    if main:
         run_dir.mkdir(parents=True, exist_ok=True)
     display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
     t_start = time.monotonic()

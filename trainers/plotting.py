@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PLOTS", "cli_plot", "plot_run", "read_metrics"]
+__all__ = ["PLOTS", "plot_run", "read_metrics"]
 
 # file name -> (title, [(metric key, label)], x axis key)
 PLOTS: dict[str, tuple[str, list[tuple[str, str]], str]] = {
@@ -74,14 +73,3 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         fig.savefig(path, dpi=100)
         written.append(path)
     return written
-
-
-def cli_plot(args: argparse.Namespace) -> int:
-    try:
-        paths = plot_run(args.run_dir)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}")
-        return 2
-    for path in paths:
-        print(path)
-    return 0

@@ -112,7 +112,8 @@ class RunDisplay:
             self.progress.update(self._task, completed=step, stats=stats)
 
     def note(self, text: str) -> None:
-        self.progress.console.print(f"[dim]{text}[/dim]")
+        # plain text: a note quotes error messages, whose brackets are not markup
+        self.progress.console.print(text, style="dim", markup=False, highlight=False)
 
     def stop(self) -> None:
         self.progress.stop()

@@ -10,7 +10,6 @@ only the assistant turns trained), fine-tunes on that, and caches the result und
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -28,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from algorithms.losses import LossNorm
 from areal_agents.config import AlgorithmConfig, ConfigError, ExperimentConfig, LoraConfig, SFTConfig
+from areal_agents.env import reference_completion, reference_conversation
 from areal_agents.types import Trajectory
 from trainers.warm_check import episode_check, is_multi_turn
 
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from areal_agents.env import Env
     from trainers.engine import TrainEngine
 
-__all__ = ["SFTReport", "cli_sft", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "sft_loss",
-           "sft_train"]
+__all__ = ["SFTReport", "ensure_warm_model", "exact_match_accuracy", "greedy_accuracy", "render_examples", "run_sft",
+           "sft_loss", "sft_train"]
 
 Example = tuple[Sequence[int], Sequence[int]] | tuple[str, str] | Trajectory
 _CHECK_ROWS = 200
@@ -194,7 +194,7 @@ def greedy_accuracy(model: Any, tokenizer: Any, env: Env, rows: Sequence[dict[st
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
             for row, seq in zip(rows[start : start + batch_size], out[:, width:].tolist(), strict=True):
                 text = tokenizer.decode(seq, skip_special_tokens=True)
-                ref = env.reference_completion(row)
+                ref = reference_completion(env, row)
                 if ref is not None and text.strip() == ref.strip():  # a reference answer is correct by definition
                     hits += 1
                     continue
@@ -250,7 +250,7 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Seque
     examples: list[tuple[list[int], list[int]] | Trajectory] = []
     replayed: dict[str, Trajectory] = {}  # rows repeat: replay each conversation once
     for row in rows:
-        conv = env.reference_conversation(row)
+        conv = reference_conversation(env, row)
         if conv is not None:
             if cfg.agent.system_prompt and conv[0].get("role") != "system":  # as the agent starts its episodes
                 conv = [{"role": "system", "content": cfg.agent.system_prompt}, *conv]
@@ -266,7 +266,7 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Seque
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         p = tokenizer.encode(text, add_special_tokens=False)
         prompts.append(p)
-        ref = env.reference_completion(row)
+        ref = reference_completion(env, row)
         if ref is not None:
             examples.append((p, tokenizer.encode(ref, add_special_tokens=False) + [tokenizer.eos_token_id]))
     return examples, prompts
@@ -275,9 +275,9 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Seque
 def _corpus_text(env: Env, row: dict[str, Any]) -> str:
     """The text of a row the tiny model's tokenizer learns from: its prompt and reference (a
     reference conversation as the tiny model's chat template renders it, tool specs included)."""
-    conv = env.reference_conversation(row)
+    conv = reference_conversation(env, row)
     if conv is None:
-        return str(row["prompt"]) + " " + str(env.reference_completion(row) or "")
+        return str(row["prompt"]) + " " + str(reference_completion(env, row) or "")
     import jinja2.sandbox
 
     from trainers.tiny_model import CHAT_TEMPLATE
@@ -300,7 +300,7 @@ def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget
     deadline = time.monotonic() + budget_s
     rows = list(rows[:n])
     for i, row in enumerate(rows):
-        other = env.reference_completion(rows[(i + 1) % len(rows)]) or ""
+        other = reference_completion(env, rows[(i + 1) % len(rows)]) or ""
         for action in dict.fromkeys(("", other)):
             if time.monotonic() > deadline:
                 warnings.warn(f"{type(env).__name__}: probing its replies for the tiny tokenizer took over {budget_s:g} s; "
@@ -347,7 +347,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     from transformers import AutoTokenizer
 
     from areal_agents.data import load_dataset_rows
-    from areal_agents.env import make_env
+    from areal_agents.gym.registration import make_env
     from trainers.tiny_model import cache_dir, ensure_tiny_model
 
     stop_at = (cfg.sft.warm_start_target or None) if warm_start else None
@@ -362,7 +362,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     multi = bool(test_rows) and is_multi_turn(cfg, env, test_rows[0])  # checked by playing episodes, as evals do
-    exact = bool(stop_at) and not multi and all(env.reference_completion(r) is not None for r in test_rows)
+    exact = bool(stop_at) and not multi and all(reference_completion(env, r) is not None for r in test_rows)
     if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
         test_rows = test_rows[:_CHECK_ROWS]
 
@@ -409,34 +409,21 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     return out
 
 
-def cli_sft(args: argparse.Namespace) -> int:
-    """``areal-agents sft --env NAME [key=value ...]``: warm-start the tiny model (or, with
-    ``actor.path``, fine-tune that model on the env's reference completions)."""
-    from rich.console import Console
-
-    from areal_agents.cli import load_args_config
-
-    cfg = load_args_config(args)
-    console = Console()
+def run_sft(cfg: ExperimentConfig) -> Path:
+    """What ``areal-agents sft`` does: warm-start the tiny model of ``cfg.env`` (cached), or, with
+    ``actor.path``, fine-tune that model on the env's reference completions (into
+    ``sft.output_dir``, default ``<run_dir>/sft``). Returns the model directory."""
     if cfg.actor.path is None:
-        path = ensure_warm_model(cfg, progress=cfg.logging.progress)
-    else:
-        from transformers import AutoTokenizer
+        return ensure_warm_model(cfg, progress=cfg.logging.progress)
+    from transformers import AutoTokenizer
 
-        from areal_agents.data import load_dataset_rows
-        from areal_agents.env import make_env
+    from areal_agents.data import load_dataset_rows
+    from areal_agents.gym.registration import make_env
 
-        tokenizer = AutoTokenizer.from_pretrained(cfg.actor.path)
-        env = make_env(cfg.env.name, **cfg.env.kwargs)
-        examples, _ = render_examples(cfg, tokenizer, env, load_dataset_rows(cfg, "train"))
-        path = Path(cfg.sft.output_dir or Path(cfg.run_dir) / "sft")
-        sft_train(cfg.actor.path, examples, cfg.sft, path, cfg=cfg, tokenizer=tokenizer, progress=cfg.logging.progress,
-                  seed=cfg.seed)
-    report = path / "sft_report.json"
-    if report.is_file():
-        console.print(json.loads(report.read_text()))
-    where = "" if cfg.actor.path or cfg.sft.output_dir else (
-        " (in the model cache, $AREAL_AGENTS_CACHE; sft.output_dir=DIR writes elsewhere; train it with RL: "
-        "areal-agents run actor.path=<this dir>)")
-    console.print(f"[bold green]model written to:[/] {path}{where}", soft_wrap=True)
-    return 0
+    tokenizer = AutoTokenizer.from_pretrained(cfg.actor.path)
+    env = make_env(cfg.env.name, **cfg.env.kwargs)
+    examples, _ = render_examples(cfg, tokenizer, env, load_dataset_rows(cfg, "train"))
+    path = Path(cfg.sft.output_dir or Path(cfg.run_dir) / "sft")
+    sft_train(cfg.actor.path, examples, cfg.sft, path, cfg=cfg, tokenizer=tokenizer, progress=cfg.logging.progress,
+              seed=cfg.seed)
+    return path

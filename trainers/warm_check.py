@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as tdist
 
 from areal_agents.config import ExperimentConfig
+from areal_agents.env import reference_conversation
 
 if TYPE_CHECKING:
     from areal_agents.env import Env
@@ -34,7 +35,7 @@ def is_multi_turn(cfg: ExperimentConfig, env: Env, row: dict[str, Any]) -> bool:
     """Whether an episode of ``env`` can take more than one reply (as far as the agent lets it),
     or is taught by a whole reference conversation (``row`` stands for the env's rows)."""
     turns = min(int(getattr(env, "max_turns", 1) or 1), cfg.agent.max_turns)
-    return turns > 1 or env.reference_conversation(row) is not None
+    return turns > 1 or reference_conversation(env, row) is not None
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from areal_agents.inference import control, protocol
-from areal_agents.inference.weight_group import new_weight_group
+from areal_agents.inference.weight_group import drop_weight_group, new_weight_group
 from trainers import dist as tdist
 from trainers.hf_io import TORCH_DTYPES
 from trainers.lora import adapter_config
@@ -43,7 +43,16 @@ if TYPE_CHECKING:
     from areal_agents.config import ExperimentConfig
     from trainers.engine import ShardedModel
 
-__all__ = ["DiskWeightSync", "DistributedWeightSync", "Policy", "WeightSync", "make_weight_sync"]
+__all__ = ["DiskWeightSync", "DistributedWeightSync", "Policy", "WeightSync", "broadcast_timeout",
+           "make_weight_sync"]
+
+
+def broadcast_timeout(numel: int) -> float:
+    """Seconds a broadcast sync of ``numel`` values may take before it gives up (forming the
+    group, then one update): 60 s, plus 20 s per billion values. A small model's sync takes
+    well under a second, so the bound only matters when a member stops answering; the first
+    failure it sees tears the group down far earlier (:class:`DistributedWeightSync`)."""
+    return 60.0 + 20.0 * numel / 1e9
 
 
 class Policy(Protocol):
@@ -162,11 +171,17 @@ class DistributedWeightSync(WeightSync):
     ``rank_offset = 1 + i * server_world``. The group is made on the first sync, and made
     again (on a new port) whenever the set of reachable servers changes. If a broadcast
     fails, that version goes through ``fallback`` (disk) and the group is made anew.
+
+    The first failure on either side of an update (rank 0's collective raises, or a server's
+    request does) tears the group down at once, so the members still waiting in it (a
+    server that outlived one that died after the pause) fail fast instead of after
+    ``timeout_s``: the bound on forming the group and on one update, by default
+    :func:`broadcast_timeout` of the broadcast's size.
     """
 
     def __init__(self, addresses: Sequence[str], *, backend: str = "nccl", master_address: str = "127.0.0.1",
                  master_port: int | None = None, server_world: int = 1, group_name: str = "areal_agents_weights",
-                 timeout_s: float = 300.0, fallback: DiskWeightSync | None = None) -> None:
+                 timeout_s: float | None = None, fallback: DiskWeightSync | None = None) -> None:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be nccl or gloo (got {backend!r})")
         super().__init__(addresses)
@@ -177,6 +192,7 @@ class DistributedWeightSync(WeightSync):
         self._formed = 0  # groups made so far
         self._id = uuid.uuid4().hex[:8]
         self.members: list[str] = []  # the servers of the current group, in rank order
+        self.torn_down = 0  # groups torn down mid-update (a member failed while the others waited)
         self.last_error: str | None = None  # why the last sync fell back to disk
 
     @property
@@ -209,27 +225,45 @@ class DistributedWeightSync(WeightSync):
             body["lora_name"], body["lora_config"] = lora
         return body
 
-    @staticmethod
-    def _while(request: Callable[[], None], work: Callable[[], None]) -> None:
-        """Run the collective ``work`` in a thread while this thread makes the blocking HTTP
-        ``request``. A refused request raises at once: the work, which would wait for the
-        servers until the group's timeout, is left to time out on its own."""
+    def _while(self, request: Callable[[], None], work: Callable[[], None]) -> None:
+        """Run the collective ``work`` (rank 0's side) and the blocking HTTP ``request`` (the
+        servers' side) on two threads. The first failure of either tears the group down: the
+        trainer's connections close, so a surviving server blocked in the same collective fails
+        at once instead of waiting out the group's timeout, and its reply ends the request.
+        A request refused while the group is still forming raises at once; the forming, which
+        would wait for the missing server until the timeout, is left to end on its own."""
         errors: list[BaseException] = []
+        lock = threading.Lock()
+        running = [2]
+        ended = threading.Event()  # the first failure, or both done
 
-        def run() -> None:
+        def run(fn: Callable[[], None]) -> None:
             try:
-                work()
+                fn()
             except BaseException as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
+                with lock:
+                    errors.append(exc)
+            with lock:
+                running[0] -= 1
+                if errors or not running[0]:
+                    ended.set()
 
-        thread = threading.Thread(target=run, daemon=True, name="weight-broadcast")
-        thread.start()
-        request()
-        thread.join()
+        threads = [threading.Thread(target=run, args=(fn,), daemon=True, name=name)
+                   for fn, name in ((work, "weight-broadcast"), (request, "weight-announce"))]
+        for thread in threads:
+            thread.start()
+        ended.wait()
+        if errors:
+            if self.group is None:  # still forming: nothing to tear down, nothing to wait for
+                raise errors[0]
+            self.torn_down += 1
+            self.close()
+        for thread in threads:
+            thread.join()
         if errors:
             raise errors[0]
 
-    def _init_group(self, servers: list[str]) -> None:
+    def _init_group(self, servers: list[str], timeout_s: float) -> None:
         """Servers join over HTTP while rank 0 creates its side (both block until all meet)."""
         self.close()
         port = self.master_port or tdist.free_port()
@@ -239,27 +273,34 @@ class DistributedWeightSync(WeightSync):
 
         def create() -> None:
             self.group = new_weight_group(self.backend, self.master_address, port, world, 0, self.current_name,
-                                          self.timeout_s)
+                                          timeout_s)
 
-        self._while(lambda: control.init_weights_update_group(servers, payloads, timeout=self.timeout_s), create)
+        self._while(lambda: control.init_weights_update_group(servers, payloads, timeout=timeout_s), create)
         self.members = list(servers)
+
+    def _group(self) -> ProcessGroup:
+        if self.group is None:
+            raise RuntimeError("the weight update group was torn down")
+        return self.group
 
     def _broadcast(self, up: list[str], state: dict[str, torch.Tensor], version: int,
                    lora: tuple[str, dict[str, Any]] | None = None) -> list[str]:
+        timeout_s = self.timeout_s or broadcast_timeout(sum(t.numel() for t in state.values()))
         if self.group is None or up != self.members:
-            self._init_group(up)
+            self._init_group(up, timeout_s)
         payload = self.update_payload(state, version) if lora is None else self.update_payload(state, version, lora)
-        group = self.group
-        if group is None:
-            raise RuntimeError("the weight update group was not formed")
 
         def broadcast() -> None:
+            # no reference to the group outlives a call: tearing it down (close) must free it
             for t in state.values():
-                group.broadcast(t.cuda() if self.backend == "nccl" else t, 0).wait()
+                self._group().broadcast(t.cuda() if self.backend == "nccl" else t, 0).wait()
 
-        self._while(lambda: control.update_weights_from_distributed(up, payload, timeout=self.timeout_s),
-                    broadcast)
+        self._while(lambda: self.announce(up, payload, timeout_s), broadcast)
         return up
+
+    def announce(self, servers: list[str], payload: protocol.UpdateFromDistributedBody, timeout_s: float) -> None:
+        """``/update_weights_from_distributed`` on ``servers`` (they receive while rank 0 broadcasts)."""
+        control.update_weights_from_distributed(servers, payload, timeout=timeout_s)
 
     def sync(self, engine: Policy, version: int) -> None:
         lora = getattr(engine, "lora", None)
@@ -288,7 +329,11 @@ class DistributedWeightSync(WeightSync):
             tdist.barrier()
 
     def close(self) -> None:
-        self.group, self.members = None, []
+        """Tear the group down: rank 0's connections close, so a member still waiting in one of
+        its collectives (a member died or refused mid-update) fails at once."""
+        group, self.group, self.members = self.group, None, []
+        if group is not None:
+            drop_weight_group(group)
 
 
 def make_weight_sync(cfg: ExperimentConfig, addresses: Sequence[str], root: str | os.PathLike[str]) -> WeightSync:
@@ -302,4 +347,5 @@ def make_weight_sync(cfg: ExperimentConfig, addresses: Sequence[str], root: str 
         return disk
     world = cfg.sglang.tp_size if cfg.inference.backend == "sglang" else 1
     return DistributedWeightSync(addresses, backend=cfg.trainer.weight_sync, server_world=world,
-                                 master_address=cfg.trainer.weight_sync_address, fallback=disk)
+                                 master_address=cfg.trainer.weight_sync_address,
+                                 timeout_s=cfg.trainer.weight_sync_timeout or None, fallback=disk)

@@ -1,6 +1,8 @@
 """Experiment configuration: dataclasses with one help line per field (no torch).
 
 * :mod:`.fields` — ``f(default, help, rule)``, the rules, :class:`Section` and :class:`ConfigError`;
+* :mod:`.vocabulary` — the closed choice lists (dtypes, loss aggregation, KL estimators, ...), shared with the
+  code that acts on them, and the renamed keys;
 * :mod:`.sections` — the sections (``env``, ``agent``, ``data``, ``sampling``, ``inference``, ``rollout``, ...);
 * :mod:`.experiment` — :class:`ExperimentConfig`, every section in one, with the rules that span sections;
 * :mod:`.loader` — YAML plus ``key=value`` overrides into an :class:`ExperimentConfig` (OmegaConf), and back;
@@ -11,9 +13,6 @@ from __future__ import annotations
 
 from areal_agents.config.experiment import ExperimentConfig
 from areal_agents.config.fields import (
-    DTYPES,
-    IMP_WEIGHT_CORRECTIONS,
-    IMP_WEIGHT_MODES,
     ConfigError,
     Rule,
     Section,
@@ -39,11 +38,24 @@ from areal_agents.config.sections import (
     SGLangConfig,
     TrainerConfig,
 )
+from areal_agents.config.vocabulary import (
+    CREDITS,
+    DTYPES,
+    IMP_WEIGHT_CORRECTIONS,
+    IMP_WEIGHT_MODES,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    RENAMED_KEYS,
+)
 
 __all__ = [
+    "CREDITS",
     "DTYPES",
     "IMP_WEIGHT_CORRECTIONS",
     "IMP_WEIGHT_MODES",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "RENAMED_KEYS",
     "ActorConfig",
     "AgentConfig",
     "AlgorithmConfig",

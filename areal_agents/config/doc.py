@@ -1,17 +1,17 @@
 """The ``docs/config.md`` reference: every key, the keys to tune first, and each built-in env's defaults.
 
-Private to :mod:`areal_agents.config.loader` (its ``config_reference`` renders this); the values
-come from the dataclasses and the envs' ``default_config``, so the page cannot drift from the code.
+:func:`config_reference` is what ``areal-agents config markdown`` prints; the rows come
+from the loader's one walk over the fields (``config_fields``, which also gives the keys a YAML file
+may set) and the envs' ``default_config`` and recipes, so the page cannot drift from the code.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from areal_agents.config import ExperimentConfig
+from areal_agents.config.loader import config_fields, env_presets
 
-__all__ = ["TUNE_FIRST", "builtin_env_defaults", "declared_fields", "render"]
+__all__ = ["TUNE_FIRST", "builtin_env_defaults", "config_reference"]
 
 # key -> why a user changes it first (the default shown next to it comes from the dataclass)
 TUNE_FIRST: dict[str, str] = {
@@ -37,20 +37,6 @@ TUNE_FIRST: dict[str, str] = {
 }
 
 
-def declared_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """``(key, type, declared default, help)`` for every leaf field: the defaults as declared,
-    before ``__post_init__`` fills anything in (``experiment_name`` is None, not the env's name)."""
-    rows: list[tuple[str, str, Any, str]] = []
-    for fld in dataclasses.fields(cls):
-        factory = fld.default_factory  # a nested section, or a mutable default
-        value = factory() if factory is not dataclasses.MISSING else fld.default
-        if dataclasses.is_dataclass(value):
-            rows.extend(declared_fields(type(value), f"{prefix}{fld.name}."))
-        else:
-            rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))
-    return rows
-
-
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
@@ -62,8 +48,8 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def builtin_env_defaults() -> dict[str, dict[str, Any]]:
-    """Each built-in env's ``default_config`` as flat ``key -> value`` (the envs of the ``envs`` package,
-    not its adapters of other libraries)."""
+    """What each built-in env proposes (its class's ``default_config``, then its recipe) as flat
+    ``key -> value`` (the envs of the ``envs`` package, not its adapters of other libraries)."""
     from areal_agents.registry import envs
 
     found: dict[str, dict[str, Any]] = {}
@@ -71,7 +57,7 @@ def builtin_env_defaults() -> dict[str, dict[str, Any]]:
         cls = envs.get(name)
         module = getattr(cls, "__module__", "")
         if module.startswith("envs.") and not module.startswith("envs.ecosystem."):  # not the adapters
-            found[name] = _flatten(dict(getattr(cls, "default_config", None) or {}))
+            found[name] = {key: value for _, preset in env_presets(name) for key, value in _flatten(preset).items()}
     return found
 
 
@@ -97,9 +83,10 @@ def _shorthands() -> list[str]:
 
 def _per_env(defaults: dict[str, Any]) -> list[str]:
     lines = ["", "## Per-env defaults", "",
-             "A built-in env sets these keys through its `default_config` unless your YAML or an override sets "
-             "them; every other key keeps the default of the tables below. `areal-agents config show --env NAME` "
-             "lists them as `env NAME`.", "", "| env | key | env default | global default |", "|---|---|---|---|"]
+             "A built-in env sets these keys unless your YAML or an override sets them: env-level ones (`env.*`, "
+             "`agent.*`, `sampling.*`) through its class's `default_config`, the rest through its recipe "
+             "`envs/recipes/NAME.yaml`; every other key keeps the default of the tables below. "
+             "`areal-agents config show --env NAME` lists them as `env NAME` and `recipe NAME`.", "", "| env | key | env default | global default |", "|---|---|---|---|"]
     for name, keys in builtin_env_defaults().items():
         if not keys:
             lines.append(f"| `{name}` | (none: the global defaults) | | |")
@@ -108,12 +95,12 @@ def _per_env(defaults: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render() -> str:
-    """The whole ``docs/config.md``."""
-    fields = declared_fields()
+def config_reference() -> str:
+    """The whole ``docs/config.md``: every config key, the keys to tune first and each built-in env's defaults."""
+    fields = config_fields()
     defaults = {key: default for key, _, default, _ in fields}
     lines = ["# Config reference", "",
-             "Generated from the dataclasses in `areal_agents/config/` and the built-in envs' `default_config` by "
+             "Generated from the dataclasses in `areal_agents/config/` and the built-in envs' defaults and recipes by "
              "`areal-agents config markdown > docs/config.md`; a test fails when this file is stale.",
              "Set any key in a YAML file (`--config`) or as `key=value` on the command line.",
              *_tune_first(defaults), *_shorthands(), *_per_env(defaults), "", "## Every key"]

@@ -16,12 +16,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any
 
-__all__ = ["DTYPES", "IMP_WEIGHT_CORRECTIONS", "IMP_WEIGHT_MODES", "ConfigError", "Rule", "Section", "f", "ge", "gt",
-           "one_of", "shown_key", "within"]
-
-DTYPES = ("float32", "bfloat16", "float16")
-IMP_WEIGHT_MODES = ("auto", "none", "token", "sequence")
-IMP_WEIGHT_CORRECTIONS = ("mask", "truncate")
+__all__ = ["ConfigError", "Rule", "Section", "f", "ge", "gt", "one_of", "shown_key", "within"]
 
 
 class ConfigError(ValueError):

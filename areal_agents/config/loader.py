@@ -6,7 +6,6 @@ Every failure becomes one :class:`ConfigError` whose message names the full key,
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -15,18 +14,19 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.config import RENAMED_KEYS, ConfigError, ExperimentConfig
 from areal_agents.failures import message_line
 from areal_agents.registry import RegistryError, agents, algorithms, datasets, envs
 
-__all__ = ["config_fields", "config_reference", "explain_config", "import_user_module", "load_config",
-           "parse_allocation_mode", "to_yaml", "user_files"]
+__all__ = ["ENV_LEVEL_SECTIONS", "config_fields", "env_presets", "explain_config",
+           "import_user_module", "load_config", "parse_allocation_mode", "recipe_path", "to_yaml", "user_files"]
 
 
 def _omega_error(exc: OmegaConfBaseException, fallback_key: str = "") -> ConfigError:
@@ -60,6 +60,8 @@ def _check_keys(node: Any, known: dict[str, bool], prefix: str = "") -> None:
         return
     for key, child in node.items():
         full = f"{prefix}{key!s}"
+        if full in RENAMED_KEYS:
+            raise ConfigError(full, f"renamed to {RENAMED_KEYS[full]}")
         if full not in known:
             while isinstance(child, dict) and child:  # name the full leaf key
                 first = next(iter(child))
@@ -198,16 +200,67 @@ def _algorithm_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any]]:
     return name, dict(getattr(spec, "defaults", {}) or {})
 
 
-def _env_defaults(layers: list[DictConfig]) -> tuple[str, dict[str, Any] | None]:
-    """The env chosen in ``layers`` and its class's ``default_config`` (keys it sets unless the
-    YAML or an override does), or None; an unknown env is left to :func:`_check_names`."""
-    name = str(_last_given(layers, "env.name", "math"))
-    defaults = None
-    with contextlib.suppress(RegistryError):  # unknown, or it cannot be loaded
-        defaults = getattr(envs.get(name), "default_config", None)
-    if defaults and not isinstance(defaults, dict):
-        raise ConfigError("env.name", f"env {name!r}: default_config must be a dict of config keys")
-    return name, defaults or None
+ENV_LEVEL_SECTIONS = ("env", "agent", "sampling")
+
+
+def _flat_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and f"{prefix}{key}" != "env.kwargs":
+            keys.extend(_flat_keys(value, f"{prefix}{key}."))
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def recipe_path(name: str) -> Path | None:
+    """The recipe of the env registered as ``name``: ``recipes/<name>.yaml`` in the top-level package
+    of the module that defines it (``envs/recipes/countdown.yaml`` for ``countdown``), or None."""
+    try:
+        module = str(getattr(envs.get(name), "__module__", "") or "")
+    except RegistryError:  # unknown, or it cannot be loaded: left to _check_names
+        return None
+    package = sys.modules.get(module.split(".")[0])
+    for base in getattr(package, "__path__", None) or ():
+        path = Path(base) / "recipes" / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def env_presets(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """What the env registered as ``name`` proposes, lowest layer first, each with its source:
+    its class's ``default_config`` (``env NAME``: only ``env.*``, ``agent.*`` and ``sampling.*``
+    keys) and its recipe (``recipe NAME``: any key but ``env.name``, see :func:`recipe_path`).
+    An unknown env proposes nothing (:func:`_check_names` reports it)."""
+    try:
+        cls = envs.get(name)
+    except RegistryError:
+        return []
+    presets: list[tuple[str, dict[str, Any]]] = []
+    defaults = getattr(cls, "default_config", None)
+    if defaults:
+        if not isinstance(defaults, dict):
+            raise ConfigError("env.name", f"env {name!r}: default_config must be a dict of config keys")
+        for key in _flat_keys(defaults):
+            if key.split(".")[0] not in ENV_LEVEL_SECTIONS:
+                raise ConfigError(key, f"env {name!r} ({getattr(cls, '__qualname__', cls)}.default_config) may set only "
+                                       "env.*, agent.* and sampling.* keys; put run-level keys in a recipe "
+                                       f"(recipes/{name}.yaml next to the env's package) or in your --config")
+        presets.append((f"env {name}", defaults))
+    path = recipe_path(name)
+    if path is not None:
+        try:
+            recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError("env.name", f"env {name!r}: cannot parse its recipe {path}: {message_line(exc)}") from None
+        if recipe is not None and not isinstance(recipe, dict):
+            raise ConfigError("env.name", f"env {name!r}: its recipe {path} must hold a mapping of sections")
+        if recipe is not None and isinstance(recipe.get("env"), dict) and "name" in recipe["env"]:
+            raise ConfigError("env.name", f"env {name!r}: its recipe {path} may not set env.name")
+        if recipe:
+            presets.append((f"recipe {name}", recipe))
+    return presets
 
 
 _ALLOCATION = re.compile(r"(sglang|embedded)\.d(\d+)(?:p(\d+))?(?:t(\d+))?\+d(\d+)(?:p(\d+))?(?:t(\d+))?")
@@ -261,8 +314,8 @@ def _layers(
     overrides: Sequence[str],
 ) -> list[tuple[str, DictConfig]]:
     """The layers merged over the schema, lowest first, each with the source it stands for:
-    algorithm spec defaults, the env's ``default_config``, ``allocation_mode``, the YAML file,
-    the overrides."""
+    algorithm spec defaults, the env's ``default_config``, the env's recipe, ``allocation_mode``,
+    the YAML file, the overrides."""
     layers: list[tuple[str, DictConfig]] = []
     if config_file is not None:
         if not os.path.isfile(config_file):
@@ -284,10 +337,13 @@ def _layers(
     _import_user_modules(given)
     if (allocation := _allocation_layer(given)) is not None:
         layers.insert(0, ("allocation_mode", allocation))
-    env_name, env_defaults = _env_defaults([layer for _, layer in layers])
-    if env_defaults:
-        _check_keys(env_defaults, known)
-        layers.insert(0, (f"env {env_name}", OmegaConf.create(env_defaults)))
+    env_name = str(_last_given([layer for _, layer in layers], "env.name", "math"))
+    for source, preset in reversed(env_presets(env_name)):
+        try:
+            _check_keys(preset, known)
+        except ConfigError as exc:
+            raise ConfigError(exc.key, f"{exc.rule} (set by {source})") from None
+        layers.insert(0, (source, OmegaConf.create(preset)))
     name, defaults = _algorithm_defaults([layer for _, layer in layers])
     if defaults:
         layers.insert(0, (f"algorithm {name}", OmegaConf.create({"algorithm": defaults})))
@@ -332,8 +388,8 @@ def load_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
 ) -> ExperimentConfig:
-    """Schema ← algorithm defaults ← the env's ``default_config`` ← ``allocation_mode`` ← YAML
-    file ← overrides, then validate."""
+    """Schema ← algorithm defaults ← the env's ``default_config`` ← the env's recipe ←
+    ``allocation_mode`` ← YAML file ← overrides, then validate."""
     return _build(_layers(config_file, overrides))
 
 
@@ -346,7 +402,8 @@ def explain_config(
 ) -> tuple[ExperimentConfig, dict[str, str]]:
     """The config :func:`load_config` gives for the same arguments (what a run uses), and for
     every leaf key where its value comes from: ``default`` (the dataclass), ``algorithm NAME``
-    (the algorithm spec's defaults), ``env NAME`` (the env's ``default_config``), ``allocation_mode``,
+    (the algorithm spec's defaults), ``env NAME`` (the env's ``default_config``), ``recipe NAME``
+    (the env's recipe, :func:`recipe_path`), ``allocation_mode``,
     ``yaml`` or ``override``."""
     layers = _layers(config_file, overrides)
     cfg = _build(layers)
@@ -364,21 +421,15 @@ def to_yaml(cfg: Any) -> str:
 
 
 def config_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """``(key, type, default, help)`` for every leaf field, in declaration order."""
+    """``(key, type, default, help)`` for every leaf field, in declaration order: the one walk over the
+    schema (the known keys, ``config show``, the ``docs/config.md`` tables). Defaults are as declared,
+    before ``__post_init__`` fills anything in (``experiment_name`` is None, not the env's name)."""
     rows: list[tuple[str, str, Any, str]] = []
-    inst = cls()
     for fld in dataclasses.fields(cls):
-        value = getattr(inst, fld.name)
+        factory = fld.default_factory  # a nested section, or a mutable default
+        value = factory() if factory is not dataclasses.MISSING else fld.default
         if dataclasses.is_dataclass(value):
             rows.extend(config_fields(type(value), f"{prefix}{fld.name}."))
         else:
             rows.append((prefix + fld.name, str(fld.type), value, fld.metadata.get("help", "")))  # postponed: a str
     return rows
-
-
-def config_reference() -> str:
-    """Markdown reference of every config key, the keys to tune first and each built-in env's
-    defaults (``docs/config.md`` is generated from this)."""
-    from areal_agents.config.doc import render  # it imports the env registry's classes
-
-    return render()

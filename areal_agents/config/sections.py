@@ -6,9 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_agents.config.fields import (
-    DTYPES,
-    IMP_WEIGHT_CORRECTIONS,
-    IMP_WEIGHT_MODES,
     ConfigError,
     Rule,
     Section,
@@ -17,6 +14,14 @@ from areal_agents.config.fields import (
     gt,
     one_of,
     within,
+)
+from areal_agents.config.vocabulary import (
+    CREDITS,
+    DTYPES,
+    IMP_WEIGHT_CORRECTIONS,
+    IMP_WEIGHT_MODES,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
 )
 from areal_agents.types import is_turn_discount
 
@@ -45,7 +50,10 @@ class EnvConfig(Section):
 
     name: str = f("math", "Registered env name (see `areal-agents list envs`).")
     kwargs: dict[str, Any] = f({}, "Extra keyword arguments passed to the env constructor.")
-    turn_discount: float = f(1.0, "Per-turn reward discount gamma; return = sum gamma^k r_k.", Rule(is_turn_discount, "in (0, 1]"))
+    turn_discount: float = f(1.0, "Discount per turn of the env's rewards: an episode's return is sum_k "
+                                  "turn_discount^k r_k over its turns k = 0, 1, ... (the per-token discount of the "
+                                  "token-level returns is algorithm.token_discount).",
+                             Rule(is_turn_discount, "in (0, 1]"))
 
 
 @dataclass
@@ -233,29 +241,32 @@ class AlgorithmConfig(Section):
     recompute_logprob: bool = f(True, "Recompute proximal logprobs with the current weights before training.")
     behav_imp_weight_cap: float | None = f(5.0, "Cap C of the behaviour importance weight (trainer vs inference "
                                                 "server logprobs); a weight above it is masked or truncated, see "
-                                                "behave_imp_weight_correction (None: no cap).", gt(1))
-    behave_imp_weight_mode: str = f("auto", "Rollout-trainer mismatch correction: multiply each token's policy "
-                                            "gradient by w = exp(prox_logp - logprobs) per token, or by one weight "
-                                            "per sequence (exp of the sum over its generated tokens); none disables; "
-                                            "auto: token with use_decoupled_loss, else none.", one_of(*IMP_WEIGHT_MODES))
-    behave_imp_weight_correction: str = f("mask", "A weight above behav_imp_weight_cap: mask zeroes it (the token, "
-                                                  "or the whole sequence), truncate clips it to the cap.",
-                                          one_of(*IMP_WEIGHT_CORRECTIONS))
+                                                "behav_imp_weight_correction (None: no cap).", gt(1))
+    behav_imp_weight_mode: str = f("auto", "Rollout-trainer mismatch correction: multiply each token's policy "
+                                           "gradient by w = exp(prox_logp - logprobs) per token, or by one weight "
+                                           "per sequence (exp of the sum over its generated tokens); none disables; "
+                                           "auto: token with use_decoupled_loss, else none.",
+                                   one_of("auto", *IMP_WEIGHT_MODES))
+    behav_imp_weight_correction: str = f("mask", "A weight above behav_imp_weight_cap: mask zeroes it (the token, "
+                                                 "or the whole sequence), truncate clips it to the cap.",
+                                         one_of(*IMP_WEIGHT_CORRECTIONS))
     kl_ctl: float = f(0.0, "KL-to-reference coefficient; 0 disables the reference model.", ge(0))
-    kl_estimator: str = f("k3", "KL estimator.", one_of("k1", "k2", "k3"))
+    kl_estimator: str = f("k3", "KL estimator.", one_of(*KL_ESTIMATORS))
     kl_in_reward: bool = f(False, "Apply KL as a token reward penalty instead of a loss term.")
     entropy_coef: float = f(0.0, "Entropy bonus coefficient (entropy is always logged).")
-    loss_agg_mode: str = f("token-mean", "How token losses are averaged.",
-                           one_of("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    loss_agg_mode: str = f("token-mean", "How token losses are averaged.", one_of(*LOSS_AGG_MODES))
     group_std_norm: bool = f(True, "GRPO: divide group-centred rewards by the group std.")
     adv_eps: float = f(1e-6, "Epsilon added to std in normalisations.")
     credit: str = f("trajectory", "Multi-turn credit: trajectory (episode return) or turn (per-turn G_t).",
-                    one_of("trajectory", "turn"))
+                    one_of(*CREDITS))
     step_adv_weight: float = f(1.0, "GiGPO (algorithm gigpo): weight w of the step-level advantage, each turn's G_t "
                                     "normalised among the group's turns from the same env state.", ge(0))
     rebn: bool = f(False, "Return batch normalisation over the batch.")
-    gamma: float = f(1.0, "PPO/GAE discount over tokens.", within("(0, 1]"))
-    lam: float = f(1.0, "GAE lambda.", within("[0, 1]"))
+    token_discount: float = f(1.0, "Discount per generated token of the token-level returns (reinforce, reinforce++ "
+                                   "and PPO's GAE); prompt and env tokens do not count. Per-turn discounting of the "
+                                   "env's rewards is env.turn_discount.", within("(0, 1]"))
+    gae_lambda: float = f(1.0, "PPO's GAE lambda: 1 gives Monte Carlo advantages, 0 one-step TD ones.",
+                          within("[0, 1]"))
     value_eps_clip: float = f(0.2, "PPO value-loss clip.")
     reward_scaling: float = f(1.0, "Reward multiplier (after bias).")
     reward_bias: float = f(0.0, "Reward offset added before scaling.")
@@ -270,9 +281,9 @@ class AlgorithmConfig(Section):
 
     @property
     def imp_weight_mode(self) -> str:
-        """``behave_imp_weight_mode`` with auto resolved: token under the decoupled loss, else none."""
-        if self.behave_imp_weight_mode != "auto":
-            return self.behave_imp_weight_mode
+        """``behav_imp_weight_mode`` with auto resolved: token under the decoupled loss, else none."""
+        if self.behav_imp_weight_mode != "auto":
+            return self.behav_imp_weight_mode
         return "token" if self.use_decoupled_loss else "none"
 
     def rules(self) -> list[tuple[bool, str, str]]:
@@ -281,15 +292,15 @@ class AlgorithmConfig(Section):
             (not self.use_decoupled_loss or self.recompute_logprob, "recompute_logprob",
              "the decoupled loss needs proximal logprobs: set algorithm.recompute_logprob=true "
              "(or algorithm.use_decoupled_loss=false)"),
-            (not (self.use_decoupled_loss and mode == "none"), "behave_imp_weight_mode",
+            (not (self.use_decoupled_loss and mode == "none"), "behav_imp_weight_mode",
              "none contradicts use_decoupled_loss=true, whose behaviour weight this is: set token or sequence "
              "(or algorithm.use_decoupled_loss=false for PPO against the recomputed logprobs)"),
-            (mode == "none" or self.recompute_logprob, "behave_imp_weight_mode",
+            (mode == "none" or self.recompute_logprob, "behav_imp_weight_mode",
              f"{mode} needs the trainer's own logprobs: set algorithm.recompute_logprob=true"),
             (mode != "sequence" or cap is not None, "behav_imp_weight_cap",
-             "behave_imp_weight_mode=sequence needs a cap (a product of per-token ratios has no useful bound)"),
-            (mode == "none" or self.behave_imp_weight_correction != "truncate" or cap is not None,
-             "behav_imp_weight_cap", "behave_imp_weight_correction=truncate needs a cap to truncate at"),
+             "behav_imp_weight_mode=sequence needs a cap (a product of per-token ratios has no useful bound)"),
+            (mode == "none" or self.behav_imp_weight_correction != "truncate" or cap is not None,
+             "behav_imp_weight_cap", "behav_imp_weight_correction=truncate needs a cap to truncate at"),
         ]
 
 
@@ -326,6 +337,10 @@ class TrainerConfig(Section):
                          one_of("disk", "gloo", "nccl"))
     weight_sync_address: str = f("127.0.0.1", "Trainer address the servers join for gloo/nccl weight sync "
                                               "(this host's IP when they run on other hosts).")
+    weight_sync_timeout: float = f(0.0, "Seconds a gloo/nccl weight sync may take to form its group, then to "
+                                        "broadcast one version, before it falls back to disk; 0 sizes it to the "
+                                        "model (60 s plus 20 s per billion parameters). A member that dies "
+                                        "mid-sync ends it at once, not after this.", ge(0))
     nproc: int = f(1, "Trainer ranks per node; > 1 launches torchrun (launcher=ray: Ray actors).", ge(1))
     nnodes: int = f(1, "Trainer nodes; > 1 runs one torchrun per node that meet at trainer.rdzv_endpoint "
                        "(launcher=ray: nnodes x nproc rank actors).", ge(1))

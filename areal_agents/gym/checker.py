@@ -10,15 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from areal_agents.env import Env, Observation, is_messages
+from areal_agents.env import Env, Observation, TextSpace, is_messages, reference_completion, reference_conversation
+from areal_agents.failures import UserError
 from areal_agents.runtime.loop_thread import LoopThread
 
-__all__ = ["DEFAULT_PROBE_ACTIONS", "EnvCheckError", "EnvCheckWarning", "check_env"]
-
-DEFAULT_PROBE_ACTIONS = ("42", "", "The answer is \\boxed{7}.", "<python>print(6*7)</python>", "1+2", "50")
+__all__ = ["EnvCheckError", "EnvCheckWarning", "check_env", "probe_actions"]
 
 
-class EnvCheckError(AssertionError):
+class EnvCheckError(UserError, AssertionError):
     """:func:`check_env` found a problem; the message says what to change."""
 
 
@@ -89,6 +88,19 @@ def _play(env: Env, reset: Callable[..., Any], step: Callable[[str], Any], prefi
     return trace
 
 
+def probe_actions(env: Env, n: int = 4, seed: int = 0) -> list[str]:
+    """Replies to try ``env`` with: the probes of its action space (a :class:`~areal_agents.env.TextSpace`,
+    in their order), or else ``n`` draws of ``env.action_space.sample()`` after seeding the space with ``seed``."""
+    space = env.action_space
+    if isinstance(space, TextSpace):
+        return list(space.probes)
+    space.seed(seed)
+    drawn = [space.sample() for _ in range(n)]
+    if not all(isinstance(a, str) for a in drawn):
+        _fail(env, f"action_space {space!r} samples non-text actions; use areal_agents.env.TextSpace(probes=...)")
+    return drawn
+
+
 def _overrides(env: Env, name: str) -> bool:
     return getattr(type(env), name) is not getattr(Env, name)
 
@@ -115,15 +127,15 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
     ``areset``/``astep`` disagree with the sync methods; ``reference_completion`` returns
     neither ``str`` nor ``None`` (``reference_conversation``: neither chat messages nor ``None``). An env that implements only ``areset``/``astep`` (natively
     async) is checked through them. Warning: the last step has no ``info["success"]`` (then
-    ``success = reward > 0`` in evaluation). ``actions`` are played in turn (default: a few
-    generic probe replies) for at most ``steps`` steps; ``options`` (a dataset row) is passed
+    ``success = reward > 0`` in evaluation). ``actions`` are played in turn (default: the env's
+    action-space probes, :func:`probe_actions`) for at most ``steps`` steps; ``options`` (a dataset row) is passed
     to every ``reset``/``areset`` (default ``None``: the env draws a seeded row of its
     ``default_dataset``; an env without one needs ``options``). Gymnasium's own
     ``gymnasium.utils.env_checker.check_env`` checks the Gymnasium API besides; the built-ins pass both.
     """
     if not isinstance(env, Env):
         _fail(env, "the env must subclass areal_agents.Env (observations and actions are text)")
-    probes = list(actions) if actions else list(DEFAULT_PROBE_ACTIONS)
+    probes = list(actions) if actions else probe_actions(env, seed=seed)
     if not all(isinstance(a, str) for a in probes):
         raise TypeError("check_env: actions must be strings")
     if not _overrides(env, "step") and not _overrides(env, "astep"):
@@ -158,10 +170,10 @@ def check_env(env: Any, *, seed: int = 0, steps: int = 8, actions: Sequence[str]
         )
     row = getattr(env, "row", None)
     if isinstance(row, dict):
-        ref = env.reference_completion(row)
+        ref = reference_completion(env, row)
         if ref is not None and not isinstance(ref, str):
             _fail(env, f"reference_completion returned {type(ref).__name__}; return a str or None")
-        conv = env.reference_conversation(row)
+        conv = reference_conversation(env, row)
         if conv is not None and not (isinstance(conv, list) and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in conv)
                 and any(m["role"] == "assistant" for m in conv)):

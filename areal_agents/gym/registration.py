@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium
 from gymnasium.envs.registration import parse_env_id
 
-from areal_agents.env import Env
+from areal_agents.env import Env, RewardMixin
 from areal_agents.registry import envs
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ VERSION = 0
 
 def make_env(name: str, *, reward_runner: RewardRunner | None = None, **kwargs: Any) -> Env:
     """Construct the env registered as ``name`` with ``kwargs`` (e.g. ``cfg.env.kwargs``); its
-    :meth:`~areal_agents.env.Env.compute_reward` calls go to ``reward_runner`` when one is given."""
+    :meth:`~areal_agents.env.RewardMixin.compute_reward` calls go to ``reward_runner`` when one is given."""
     factory = envs.get(name)
     try:
         env = factory(**kwargs)
@@ -37,7 +37,7 @@ def make_env(name: str, *, reward_runner: RewardRunner | None = None, **kwargs: 
         raise TypeError(f"env {name!r}: bad constructor arguments {sorted(kwargs)}: {exc}") from None
     if not isinstance(env, Env):
         raise TypeError(f"env {name!r} built a {type(env).__name__}, which is not an areal_agents.Env subclass")
-    if reward_runner is not None:
+    if reward_runner is not None and isinstance(env, RewardMixin):
         env.reward_runner = reward_runner
     return env
 

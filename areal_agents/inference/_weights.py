@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import DTYPES
 from areal_agents.inference.protocol import BadRequest, is_int, require
-from areal_agents.inference.weight_group import new_weight_group
+from areal_agents.inference.weight_group import drop_weight_group, new_weight_group
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +64,8 @@ class WeightGroups:
 
     Both methods block (run them off the event loop): :meth:`join` until every member of the
     group has joined, :meth:`receive` until the trainer has broadcast every announced tensor.
+    A broadcast that fails (the trainer tore the group down because another member died)
+    leaves the group: the trainer forms a new one for its next update.
     """
 
     def __init__(self, timeout_s: float = 300.0) -> None:
@@ -83,8 +85,20 @@ class WeightGroups:
         backend = body.get("backend", "nccl")
         require(backend == "gloo", f"the embedded server runs on CPU: 'backend' must be gloo (got {backend!r})")
         require(name != self.name, f"weight update group {name!r} exists already: a new group takes a new name")
+        self.leave()  # a trainer that re-forms its group leaves the old one
         self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)
-        self.name = name  # a trainer that re-forms its group leaves the old one
+        self.name = name
+
+    def leave(self) -> None:
+        """Leave the current group, if any (its name stays taken)."""
+        group, self.group = self.group, None
+        if group is not None:
+            drop_weight_group(group)
+
+    def _group(self) -> ProcessGroup:
+        if self.group is None:
+            raise RuntimeError("the weight update group was left")
+        return self.group
 
     def receive(self, body: Mapping[str, Any], model: PreTrainedModel, check: bool = True) -> dict[str, torch.Tensor]:
         """The tensors an ``/update_weights_from_distributed`` body announces, received from rank 0.
@@ -104,12 +118,15 @@ class WeightGroups:
                                                  for s in shapes), "'shapes' must be a list of lists of sizes")
         assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
         require(len(names) == len(dtypes) == len(shapes), "'names', 'dtypes' and 'shapes' differ in length")
-        require(name == self.name, f"no weight update group {name!r}: call /init_weights_update_group first")
-        group = self.group
-        assert group is not None  # joined together with self.name
+        require(name == self.name and self.group is not None,
+                f"no weight update group {name!r}: call /init_weights_update_group first")
         state = {n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(names, dtypes, shapes, strict=True)}
-        for tensor in state.values():
-            group.broadcast(tensor, 0).wait()
+        try:
+            for tensor in state.values():
+                self._group().broadcast(tensor, 0).wait()
+        except Exception:
+            self.leave()  # broken for good: another member died, or the trainer tore it down
+            raise
         try:
             if check:
                 check_fit({n: t.shape for n, t in state.items()}, model, "the broadcast", complete=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from areal_agents.failures import UserError
 from areal_agents.inference.client import normalize_address
 from areal_agents.inference.protocol import (
     InitGroupBody,
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-class ControlError(RuntimeError):
+class ControlError(UserError, RuntimeError):
     """A control request failed (server down, non-200, or success: false)."""
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.failures import UserError
 from areal_agents.inference.sglang_version import sglang_version_problem
 from areal_agents.runtime.lifeline import die_with_parent
 from areal_agents.runtime.stopping import on_hard_exit
@@ -38,7 +39,7 @@ _SERVING = re.compile(r"serving on http://([^\s:]+):(\d+)")
 _LIVE: set[ServerHandle] = set()
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     """A server did not come up; the message ends with the tail of its log."""
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from areal_agents.failures import UserError
 from areal_agents.inference.weight_bodies import (
     InitGroupBody,
     UpdateFromDiskBody,
@@ -372,7 +373,7 @@ def response_body(
 # -- client side --------------------------------------------------------------------------------
 
 
-class InferenceError(RuntimeError):
+class InferenceError(UserError, RuntimeError):
     """A request failed for good: bad reply, 4xx, or retries exhausted."""
 
 

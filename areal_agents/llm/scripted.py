@@ -4,7 +4,7 @@
 preflight check plays one episode of the user's env and agent with it before any model or
 server starts; tests and demos drive envs, agents and the token bookkeeping of
 :class:`~areal_agents.llm.LLM` with it. Training rollouts use the inference client
-(:class:`~areal_agents.llm.ClientLLM`). :mod:`areal_agents.testing` re-exports both classes.
+(:class:`~areal_agents.llm.ClientLLM`).
 """
 
 from __future__ import annotations

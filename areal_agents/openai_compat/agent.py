@@ -4,8 +4,9 @@ An *OpenAI-style agent* is ``async def agent(client, row) -> float | None`` (or 
 instances are such callables, built with ``agent.kwargs``), registered with
 ``@register_agent("name")`` and run with ``agent.name=name``. ``client`` behaves as
 ``openai.AsyncOpenAI`` for ``chat.completions.create`` (:class:`~.client.EpisodeClient`), and
-``await client.http_endpoint()`` gives the episode's base URL for agents that speak HTTP (in
-this process or another): the loop's one loopback server, with the episode's key in the path.
+``await client.http_endpoint()`` gives the base URL for agents that speak HTTP (in this process
+or another): the loop's one loopback server, the same for all its episodes, with
+``client.api_key`` (the episode's key) as the API key.
 The env is reset with the row first; the agent's return value is the episode's reward, or,
 when it returns None, the env scores the last reply (``env.step(content)``). The calls become
 trajectories as :mod:`~areal_agents.openai_compat.trajectories` says, in the agent's trajectory
@@ -15,7 +16,6 @@ attribute (``my_agent.trajectory_mode = "individual"``, or a class attribute), e
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable
@@ -26,7 +26,7 @@ from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.loopback import loop_endpoint
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble, check_mode
-from areal_agents.types import Trajectory, check_turn_discount
+from areal_agents.types import Trajectory
 
 if TYPE_CHECKING:
     from areal_agents.env import Env
@@ -68,10 +68,9 @@ class _EpisodeGenerate:
 class OpenAIAgent(Agent):
     """Plays an episode with an OpenAI-style agent function (see the module docstring)."""
 
-    def __init__(self, fn: AgentFn, *, turn_discount: float = 1.0, sampling: dict[str, Any] | None = None,
+    def __init__(self, fn: AgentFn, *, sampling: dict[str, Any] | None = None,
                  trajectory_mode: str | None = None) -> None:
         self.fn = fn
-        self.turn_discount = check_turn_discount(turn_discount)  # kept; the rollout applies it (settle_returns)
         self.sampling = dict(sampling or {})
         self.trajectory_mode = check_mode(trajectory_mode or getattr(fn, "trajectory_mode", None) or "concat")
 
@@ -83,7 +82,7 @@ class OpenAIAgent(Agent):
         session = ChatSession(llm.tokenizer, _EpisodeGenerate(llm), self.sampling or llm.default_sampling)
         endpoint = loop_endpoint()  # shared by the loop's episodes; serves once an agent asks for its URL
         key = endpoint.add(session)
-        client = EpisodeClient(session, api_key=key, endpoint=functools.partial(endpoint.base_url, key))
+        client = EpisodeClient(session, api_key=key, endpoint=endpoint.base_url)
         try:
             result = await self.fn(client, dict(row or {}))
         finally:

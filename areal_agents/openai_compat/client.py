@@ -5,9 +5,10 @@ arguments of the official client and returns its types (``ChatCompletion``, or a
 iterator of ``ChatCompletionChunk`` with ``stream=True``) when the ``openai`` package is
 installed (the ``[openai]`` extra), else objects with the same attributes. A bad request
 raises ``openai.BadRequestError`` (or :class:`~areal_agents.openai_compat.schema.APIError`).
-``await client.http_endpoint()`` returns the base URL of the episode on the loopback HTTP
-endpoint (one server shared by the episodes of a rollout, started on first use), for agents
-that speak HTTP; the URL carries the episode's key, which ``client.api_key`` also is.
+``await client.http_endpoint()`` returns the base URL of the loopback HTTP endpoint (one server
+shared by the episodes of a rollout, started on first use), for agents that speak HTTP; the
+URL is the same for every episode of the loop, and ``client.api_key``, the episode's key, sent
+as the API key, says whose call it is.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class EpisodeClient:
         self._endpoint = endpoint
 
     async def http_endpoint(self) -> str:
-        """The base URL (``http://127.0.0.1:PORT/<key>/v1``) of this episode's HTTP endpoint."""
+        """The base URL (``http://127.0.0.1:PORT/v1``) of the HTTP endpoint; send ``api_key`` with it."""
         if self._endpoint is None:
             raise RuntimeError("this client has no HTTP endpoint")
         return await self._endpoint()

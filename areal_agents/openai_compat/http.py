@@ -4,8 +4,8 @@ Routes: ``POST /v1/chat/completions`` (JSON, or ``chat.completion.chunk`` server
 ending in ``data: [DONE]`` with ``stream: true``), the :data:`ROUTES` of other APIs translated to
 chat completions (``POST /v1/responses``, ``POST /v1/messages``) and ``GET /v1/models``, also under
 ``/<key>/v1/...``. A request reaches the :class:`~areal_agents.openai_compat.session.ChatSession`
-registered under its key, given in the path or as the API key (``Authorization: Bearer <key>`` or ``x-api-key: <key>``);
-with a ``fallback`` (``areal-agents serve``) a request without a known key gets a fresh,
+registered under its key, given as the API key (``Authorization: Bearer <key>`` or ``x-api-key: <key>``)
+or in the path (which wins when both are given); with a ``fallback`` (``areal-agents serve``) a request without a known key gets a fresh,
 unrecorded session. Errors are OpenAI's ``{"error": {...}}`` with a 4xx status for bad input.
 The routes are the table :data:`ROUTES`; :class:`Endpoint` serves them for many episodes at
 once (one per event loop: :mod:`~areal_agents.openai_compat.loopback`).
@@ -138,7 +138,8 @@ class Endpoint:
     :meth:`add` registers a session under a key, :meth:`remove` drops it and cancels the
     requests of that key still being answered (the episode is over: nobody reads their
     replies, and their generations free the server's batch slots). A request whose client
-    hangs up is cancelled as well.
+    hangs up is cancelled as well. :meth:`base_url` is one URL for every session: the key
+    travels as the API key, so clients kept per base URL are shared by the episodes.
     """
 
     def __init__(self, host: str = "127.0.0.1") -> None:
@@ -148,6 +149,7 @@ class Endpoint:
         self._runner: web.AppRunner | None = None
         self._starting: asyncio.Future[str] | None = None
         self.url = ""
+        self.address: tuple[str, int] | None = None  # (host, port) once serving
 
     async def start(self) -> str:
         """Start serving (once; concurrent callers wait for the same start); returns ``http://HOST:PORT``."""
@@ -164,7 +166,8 @@ class Endpoint:
         site = web.TCPSite(runner, self.host, 0, backlog=1024)
         await site.start()
         self._runner = runner
-        self.url = f"http://{self.host}:{runner.addresses[0][1]}"
+        self.address = (self.host, int(runner.addresses[0][1]))
+        self.url = f"http://{self.host}:{self.address[1]}"
         return self.url
 
     @web.middleware
@@ -179,10 +182,11 @@ class Endpoint:
         finally:
             running.discard(task)
 
-    async def base_url(self, key: str) -> str:
-        """The OpenAI base URL (``http://HOST:PORT/<key>/v1``) of the session under ``key``; starts serving."""
+    async def base_url(self) -> str:
+        """The OpenAI base URL (``http://HOST:PORT/v1``) of every session (each one's key is the
+        API key); starts serving."""
         url = self.url if self._runner is not None else await self.start()  # serving: no future per episode
-        return f"{url}/{key}/v1"
+        return f"{url}/v1"
 
     def add(self, session: ChatSession, key: str | None = None) -> str:
         """Register ``session`` under ``key`` (default: a new one); returns the key."""

@@ -2,12 +2,17 @@
 
 Starting an HTTP server per episode cost more than the episode's own work; instead the
 episodes of a rollout (one event loop per process: the executor's, or the one an eval runs
-on) share :func:`loop_endpoint`, each under its own key (in the URL path and as the API key).
+on) share :func:`loop_endpoint`, each under its own key (the API key; also accepted in the URL
+path). Its base URL is the same for all of them, so a framework that keeps one HTTP client per
+base URL (LangChain's ``ChatOpenAI`` does) keeps one for the loop, not one per episode.
 The server starts when an agent first asks for its URL and stops when its loop shuts down
 (``asyncio.run`` and :class:`~areal_agents.runtime.loop_thread.LoopThread` finalize async generators
 on the way out, and this module keeps one open for that) or when :func:`close_loop_endpoint`
-is awaited. On the way out it also lets the HTTP clients agents left unclosed close on that
-loop, so that they do not fail later on a closed one (``Event loop is closed``).
+is awaited. On the way out it first lets the HTTP clients agents left unclosed close on that
+loop, then closes the connections that clients still held (a framework's cache, an agent's
+own per-loop client) have open to it. An HTTP connection belongs to the loop it was opened
+on, and one left open fails when its client later closes or reuses it on another loop
+(``Event loop is closed``); closed on their own loop, those clients hold nothing bound to it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ async def _guard(endpoint: Endpoint) -> AsyncGenerator[None, None]:
         yield
     finally:
         await _drain_unclosed_clients()
+        await _close_client_connections(endpoint.address)
         await endpoint.close()
         _ENDPOINTS.pop(asyncio.get_running_loop(), None)
 
@@ -59,6 +65,31 @@ async def _drain_unclosed_clients() -> None:
         for task in closing:  # read, so that a failed close is not reported as never retrieved
             if task.done() and not task.cancelled():
                 task.exception()
+
+
+async def _close_client_connections(address: tuple[str, int] | None) -> None:
+    """Close this loop's client connections still open to ``address`` (the endpoint's host and port).
+
+    Idle connections in a client's pool are not read from, so they do not notice the server
+    closing them: closed here, on their own loop, the client later finds them closed, on any
+    loop, and drops them without touching this one. A transport has no registry to ask, so they
+    are found among the live objects (once per loop, at its end)."""
+    loop = asyncio.get_running_loop()
+    if address is None:
+        return
+    closed = False
+    for obj in gc.get_objects():
+        if (issubclass(type(obj), asyncio.BaseTransport) and getattr(obj, "_loop", None) is loop
+                and not obj.is_closing() and _peer(obj) == address):
+            obj.close()
+            closed = True
+    if closed:
+        await asyncio.sleep(0)  # their close callbacks run: the sockets are released on this loop
+
+
+def _peer(transport: asyncio.BaseTransport) -> tuple[str, int] | None:
+    peer = transport.get_extra_info("peername")
+    return (peer[0], peer[1]) if isinstance(peer, tuple) and len(peer) >= 2 else None
 
 
 def loop_endpoint() -> Endpoint:

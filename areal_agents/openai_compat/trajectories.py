@@ -15,7 +15,7 @@ returns).
 
 In both modes every trajectory earns the episode's reward ``R`` on its last turn (0 on its
 earlier turns); where the episode ends the rollout discounts it by the completions after that
-turn, ``γ^d · R``, so the episode's last completion keeps ``R``
+turn, ``γ^d · R`` with the run's ``env.turn_discount`` γ, so the episode's last completion keeps ``R``
 (:func:`~areal_agents.rollout.returns.settle_returns`, which reads the completion indices in each
 trajectory's ``info["calls"]``).
 """
@@ -63,6 +63,6 @@ def assemble(records: Sequence[CallRecord], reward: float, mode: str = "concat")
         target.state_keys.append(rec.state_key)
         target.info["calls"].append(rec.index)
         target.finish_reason = rec.finish_reason
-    for traj in trajs:  # R earned on each trajectory's last turn; the discount comes where the episode ends
+    for traj in trajs:  # R earned on each trajectory's last turn; settle_returns discounts it by position
         traj.set_rewards([0.0] * (len(traj.info["calls"]) - 1) + [reward])
     return sorted(trajs, key=lambda t: t.info["calls"][-1])

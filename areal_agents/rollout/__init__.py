@@ -10,6 +10,8 @@
 - :mod:`~areal_agents.rollout.wiring` — an episode's pieces built from config (env, agent, sampling, the
   inference client, the run's reward runner handed to the envs);
 - :mod:`~areal_agents.rollout.evaluation` — greedy accuracy and pass@k;
+- :mod:`~areal_agents.rollout.preflight` — :func:`preflight`, the user's env, reward and agent
+  played once against a scripted model before a run builds anything;
 - :mod:`~areal_agents.rollout.returns` — :func:`settle_returns`, the one owner of the return.
 """
 

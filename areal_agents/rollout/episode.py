@@ -11,7 +11,6 @@ counts as solved. Built from config in :mod:`areal_agents.rollout.wiring`; evalu
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -26,18 +25,6 @@ if TYPE_CHECKING:
     from areal_agents.llm import LLM
 
 __all__ = ["EpisodeFn", "classify_error", "episode_outcome", "episode_solved", "make_episode_fn", "with_deadline"]
-
-# Kept importable from here (their former home); they import this module.
-_ELSEWHERE = {**dict.fromkeys(("build_agent", "build_episode_fn", "env_factory", "inference_client", "sampling_params"),
-                              "areal_agents.rollout.wiring"),
-              **dict.fromkeys(("evaluate", "run_eval"), "areal_agents.rollout.evaluation")}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _ELSEWHERE:
-        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
-    raise AttributeError(f"module 'areal_agents.rollout.episode' has no attribute {name!r}")
-
 
 log = logging.getLogger("areal_agents.rollout")
 

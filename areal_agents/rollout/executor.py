@@ -48,7 +48,7 @@ from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledge
 from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.staleness import StalenessBound
 from areal_agents.runtime.loop_thread import LoopThread
-from areal_agents.types import Trajectory, check_turn_discount
+from areal_agents.types import Trajectory
 
 __all__ = ["RolloutExecutor"]
 
@@ -60,7 +60,7 @@ class RolloutExecutor:
 
     ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when ``shuffle``);
     ``submit(row)`` adds a group by hand. Every episode's return is settled from its ``turn_rewards``
-    with ``turn_discount`` γ and ``cfg.failure_policy`` (:func:`~areal_agents.rollout.returns.settle_returns`).
+    with γ = ``turn_discount`` (``env.turn_discount``, checked by the config) and ``cfg.failure_policy``.
     ``group_filter`` overrides ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown``
     coroutine functions run on the executor's loop at shutdown (e.g. closing an HTTP client session
     that lives on that loop). ``bounded_staleness=False`` limits launches by ``max_concurrent_rollouts``
@@ -92,7 +92,7 @@ class RolloutExecutor:
         self._episode_fn = episode_fn
         self._feeder = RowFeeder(rows, seed=seed, shuffle=shuffle, skip=cfg.skip_no_signal)
         self._seed = int(seed)
-        self._turn_discount = check_turn_discount(turn_discount)
+        self._turn_discount = turn_discount  # env.turn_discount, checked by the config
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
         self._filtered_in_a_row = 0  # groups the filter dropped since one passed it
         self._on_shutdown = list(on_shutdown)

@@ -1,12 +1,13 @@
 """The one owner of an episode's return (no torch).
 
 Agents report what each turn earned, ``Trajectory.turn_rewards`` (with ``Trajectory.set_rewards``,
-whose returns are undiscounted until settled); the rollout turns them into the episode's
-``reward`` and per-turn ``turn_returns`` with :func:`settle_returns` where
-the episode ends (:func:`~areal_agents.rollout.episode.episode_outcome` for the executor, and
-:func:`~areal_agents.rollout.evaluation.evaluate`). It applies the run's turn discount γ
-(``env.turn_discount``) and the failure policy, so an agent that only records rewards gets the
-same returns as the built-in ones, and one that computed its own is overruled:
+which leaves the return unset); the rollout turns them into the episode's ``reward`` and per-turn
+``turn_returns`` with :func:`settle_returns` where the episode ends
+(:func:`~areal_agents.rollout.episode.episode_outcome` for the executor, and
+:func:`~areal_agents.rollout.evaluation.evaluate`). It applies the run's turn discount γ and the
+failure policy, so an agent never hears of γ, one that only records rewards gets the same returns
+as the built-in ones, and one that computed its own is overruled. γ is the config's
+``env.turn_discount``, checked once there (γ ∈ (0, 1]); the rollout hands it here as it is:
 
 - ``reward = Σ_k γ^k r_k`` and ``turn_returns[t] = Σ_{k≥t} γ^(k−t) r_k`` over the turns of the
   trajectory and of each of its ``segments``;
@@ -24,9 +25,26 @@ Settling is idempotent: it reads only ``turn_rewards``, never a return computed 
 
 from __future__ import annotations
 
-from areal_agents.types import Trajectory, check_turn_discount, discounted_returns
+from collections.abc import Sequence
+
+from areal_agents.types import Trajectory
 
 __all__ = ["settle_returns"]
+
+
+def _discounted(turn_rewards: Sequence[float], gamma: float) -> tuple[float, list[float]]:
+    """Episode return ``Σ_k γ^k r_k`` and per-turn returns ``G_t = r_t + γ·G_(t+1)``.
+
+    >>> _discounted([0.0, 1.0], 0.5)
+    (0.5, [0.5, 1.0])
+    """
+    returns: list[float] = []
+    later = 0.0
+    for r in reversed(turn_rewards):
+        later = float(r) + gamma * later
+        returns.append(later)
+    returns.reverse()
+    return (returns[0] if returns else 0.0), returns
 
 
 def _calls_after(parts: list[Trajectory]) -> list[int]:
@@ -43,8 +61,9 @@ def _calls_after(parts: list[Trajectory]) -> list[int]:
 
 def settle_returns(traj: Trajectory, turn_discount: float = 1.0, *, zero_failed: bool = False) -> Trajectory:
     """Derive ``traj``'s ``reward`` and ``turn_returns`` (and its segments') from their
-    ``turn_rewards`` (see the module docstring); returns ``traj``, changed in place."""
-    gamma = check_turn_discount(turn_discount)
+    ``turn_rewards`` with γ = ``turn_discount`` (see the module docstring); returns ``traj``,
+    changed in place."""
+    gamma = turn_discount
     zero = zero_failed and not traj.ok
     parts = [traj, *traj.segments]
     for part, later in zip(parts, _calls_after(parts), strict=True):
@@ -55,5 +74,5 @@ def settle_returns(traj: Trajectory, turn_discount: float = 1.0, *, zero_failed:
             earned = [float(r) for r in part.turn_rewards]
             credited = [*earned[:-1], earned[-1] * gamma**later]
             part.turn_rewards = earned
-            part.reward, part.turn_returns = discounted_returns(credited, gamma)
+            part.reward, part.turn_returns = _discounted(credited, gamma)
     return traj

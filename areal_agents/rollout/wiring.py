@@ -47,10 +47,10 @@ def env_factory(cfg: ExperimentConfig, reward_runner: RewardRunner | None = None
 
 
 def _env_with_runner(factory: Callable[..., Any], kwargs: dict[str, Any], reward_runner: RewardRunner) -> Any:
-    from areal_agents.env import Env
+    from areal_agents.env import RewardMixin
 
     env = factory(**kwargs)
-    if isinstance(env, Env):
+    if isinstance(env, RewardMixin):
         env.reward_runner = reward_runner
     return env
 
@@ -68,21 +68,22 @@ def inference_client(cfg: ExperimentConfig, addresses: list[str], *, lora_path: 
 
 
 def build_agent(cfg: ExperimentConfig, sampling: dict[str, Any]) -> Any:
-    """The configured agent; the built-in ``ChatAgent`` gets the ``agent.*`` fields, an OpenAI-style
-    agent (``async def agent(client, row)``, :mod:`areal_agents.openai_compat.agent`) is wrapped."""
+    """The configured agent; an :class:`~areal_agents.agent.Agent` class (``ChatAgent`` or a user's)
+    is built with ``max_turns``, ``max_tokens``, ``system_prompt`` (the ``agent.*`` fields), ``sampling``
+    and ``agent.kwargs``, an OpenAI-style agent (``async def agent(client, row)``,
+    :mod:`areal_agents.openai_compat.agent`) is wrapped. No agent is given the turn discount: the
+    rollout settles returns with ``env.turn_discount`` (:func:`~areal_agents.rollout.returns.settle_returns`)."""
     agent_cls = agents.get(cfg.agent.name)
     from areal_agents.openai_compat.agent import OpenAIAgent, is_openai_agent
 
     if is_openai_agent(agent_cls):  # async def agent(client, row), written against the OpenAI client
         fn: Any = agent_cls(**cfg.agent.kwargs) if inspect.isclass(agent_cls) else agent_cls  # a class: with kwargs
-        return OpenAIAgent(fn, turn_discount=cfg.env.turn_discount, sampling=sampling,
-                           trajectory_mode=cfg.agent.trajectory_mode)
+        return OpenAIAgent(fn, sampling=sampling, trajectory_mode=cfg.agent.trajectory_mode)
     if cfg.agent.trajectory_mode is not None:
         raise ConfigError("agent.trajectory_mode", f"applies to OpenAI-style agents (async def agent(client, row)); "
                                                    f"{cfg.agent.name!r} is not one")
     return agent_cls(**{"max_turns": cfg.agent.max_turns, "max_tokens": cfg.agent.max_tokens,
-                        "system_prompt": cfg.agent.system_prompt, "turn_discount": cfg.env.turn_discount,
-                        "sampling": sampling, **cfg.agent.kwargs})
+                        "system_prompt": cfg.agent.system_prompt, "sampling": sampling, **cfg.agent.kwargs})
 
 
 def build_episode_fn(cfg: ExperimentConfig, tokenizer: Any, client: Any, *, sampling: dict[str, Any],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import threading
 from types import ModuleType
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from areal_agents.rewards import extract_answer
 from envs.ecosystem._games import import_library
@@ -106,7 +106,6 @@ class ReasoningGymEnv(MathEnv):
     """
 
     default_dataset = "reasoning-gym"
-    default_config: ClassVar[dict[str, Any]] = {}
     required_fields = ("prompt", "task", "entry")
 
     def __init__(self, task: str = "chain_sum", task_config: dict[str, Any] | None = None, extract: str = "auto",

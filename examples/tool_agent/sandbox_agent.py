@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from areal_agents import Agent
 from areal_agents.agent import checked_step, jsonable
-from areal_agents.env import run_in_thread
+from areal_agents.env import reference_completion
+from areal_agents.runtime.threads import run_in_thread
 from areal_agents.tools.sandbox import run_python
 
 if TYPE_CHECKING:
@@ -48,20 +49,19 @@ _SANDBOX_SLOTS = threading.BoundedSemaphore(2 * (os.cpu_count() or 1))
 class SandboxToolAgent(Agent):
     """Chat with ``env``; run ``<python>`` blocks in the sandbox (at most ``max_tool_calls``).
 
-    The first five arguments are the ones ``areal-agents run`` passes to every agent
-    (``agent.*`` and ``env.turn_discount``); ``agent.kwargs`` may set the others.
+    The first four arguments are the ones ``areal-agents run`` passes to every agent (``agent.*``
+    and the rollout's sampling); ``agent.kwargs`` may set the others. No turn discount: the rollout
+    applies ``env.turn_discount`` to the per-turn rewards where the episode ends.
     """
 
     def __init__(self, max_turns: int = 4, max_tokens: int = 256, system_prompt: str | None = None,
-                 turn_discount: float = 1.0, sampling: dict[str, Any] | None = None, *,
+                 sampling: dict[str, Any] | None = None, *,
                  max_tool_calls: int = 2, timeout_s: float = 5.0, memory_mb: int = 256,
                  max_output_chars: int = 200) -> None:
         if max_turns < 1 or max_tokens < 1 or max_tool_calls < 0:
             raise ValueError("SandboxToolAgent: max_turns and max_tokens must be >= 1, max_tool_calls >= 0")
-        if not 0.0 < turn_discount <= 1.0:
-            raise ValueError(f"SandboxToolAgent: turn_discount must be in (0, 1] (got {turn_discount})")
         self.max_turns, self.max_tokens, self.system_prompt = max_turns, max_tokens, system_prompt
-        self.turn_discount, self.sampling = turn_discount, dict(sampling or {})
+        self.sampling = dict(sampling or {})
         self.max_tool_calls, self.timeout_s, self.memory_mb = max_tool_calls, timeout_s, memory_mb
         self.max_output_chars = max_output_chars
 
@@ -139,7 +139,7 @@ def reference_turns(env: Env, agent: SandboxToolAgent, row: dict[str, Any]) -> l
     obs, _ = env.reset(options=row)
     chat = [{"role": "system", "content": agent.system_prompt}] if agent.system_prompt else []
     chat += [{"role": "user", "content": obs}] if isinstance(obs, str) else [dict(m) for m in obs]
-    call, answer = env.reference_completion(row), str(row["answer"])
+    call, answer = reference_completion(env, row), str(row["answer"])
     if call is None or _CALL.search(call) is None:
         return [(chat, answer)]
     after = [*chat, {"role": "assistant", "content": call}, {"role": "user", "content": agent.tool_message(answer)}]
@@ -182,7 +182,7 @@ def warm_start(cfg: Any, *, progress: bool = True) -> Path:
     from transformers import AutoTokenizer
 
     from areal_agents.data import load_dataset_rows
-    from areal_agents.env import make_env
+    from areal_agents.gym.registration import make_env
     from trainers.sft import sft_train
     from trainers.tiny_model import cache_dir, ensure_tiny_model
 

@@ -117,7 +117,7 @@ def test_reinforce_pp_whitens_over_tokens() -> None:
 def test_token_discount_skips_env_tokens() -> None:
     mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
     b = {"loss_mask": mask, "rewards": torch.tensor([1.0]), "group_ids": torch.tensor([0])}
-    expect(reinforce_advantages(b, cfg(gamma=0.5)), [[0.25, 0.5, 0, 1.0]])
+    expect(reinforce_advantages(b, cfg(token_discount=0.5)), [[0.25, 0.5, 0, 1.0]])
 
 
 def test_kl_in_reward_is_reward_to_go() -> None:
@@ -150,21 +150,21 @@ def test_rebn_standardises_episode_returns() -> None:
 
 # -- PPO / GAE --------------------------------------------------------------------------------
 def test_gae_hand_computed() -> None:
-    # V = .5, .6, .7, R = 1, gamma 1, lam .5: deltas .1, .1, .3 -> A = .225, .25, .3
+    # V = .5, .6, .7, R = 1, token_discount 1, gae_lambda .5: deltas .1, .1, .3 -> A = .225, .25, .3
     b = make_batch([1.0], [3], [0])
     b["values"] = torch.tensor([[0.5, 0.6, 0.7, 0.0]])
-    adv = gae_advantages(b, cfg(lam=0.5, adv_eps=0.0))
+    adv = gae_advantages(b, cfg(gae_lambda=0.5, adv_eps=0.0))
     assert "returns" not in b  # the batch is read, never written
-    expect(gae_returns(b, cfg(lam=0.5, adv_eps=0.0)), [[0.725, 0.85, 1.0, 0.0]])
+    expect(gae_returns(b, cfg(gae_lambda=0.5, adv_eps=0.0)), [[0.725, 0.85, 1.0, 0.0]])
     expect(adv, [[-1.0690450, -0.2672612, 1.3363062, 0.0]])
 
 
 def test_gae_discount_and_gaps() -> None:
-    # tokens 0, 1, 3 generated (2 is an env token); gamma .5, lam 1, V = 0 -> A = R * gamma^k
+    # tokens 0, 1, 3 generated (2 is an env token); token_discount .5, gae_lambda 1, V = 0 -> A = R * .5^k
     mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
     b = {"loss_mask": mask, "rewards": torch.tensor([2.0]), "group_ids": torch.tensor([0]),
          "values": torch.tensor([[0.0, 0.0, float("nan"), 0.0]])}
-    expect(gae_returns(b, cfg(gamma=0.5, lam=1.0)), [[0.5, 1.0, 0.0, 2.0]])
+    expect(gae_returns(b, cfg(token_discount=0.5, gae_lambda=1.0)), [[0.5, 1.0, 0.0, 2.0]])
     with pytest.raises(ValueError, match="credit='turn'"):
         gae_advantages(b, cfg(credit="turn"))
     with pytest.raises(ValueError, match="'values'"):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from algorithms.importance import WEIGHT_METRIC_NAMES, behave_importance_weights, weight_metrics
+from algorithms.importance import WEIGHT_METRIC_NAMES, behav_importance_weights, weight_metrics
 from algorithms.losses import METRIC_NAMES, LossNorm, aggregate, combine_metrics, metric_reduction, ppo_loss
 from areal_agents.config import AlgorithmConfig, ConfigError
 from areal_agents.config.loader import load_config
@@ -20,8 +20,8 @@ def weights(log_ratios: list[list[float]], mask: list[list[int]], mode: str, cor
             cap: float | None, dtype: torch.dtype = D) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights for behaviour logprobs -1 and trainer logprobs -1 + the given log ratios."""
     behav = torch.full((len(mask), len(mask[0])), -1.0, dtype=dtype)
-    return behave_importance_weights(behav + torch.tensor(log_ratios, dtype=dtype), behav,
-                                     torch.tensor(mask, dtype=torch.bool), mode, correction, cap)
+    return behav_importance_weights(behav + torch.tensor(log_ratios, dtype=dtype), behav,
+                                    torch.tensor(mask, dtype=torch.bool), mode, correction, cap)
 
 
 def assert_weights(got: tuple[torch.Tensor, torch.Tensor], want: list[list[float]], capped: list[list[int]]) -> None:
@@ -85,13 +85,13 @@ def test_bad_arguments_are_one_clear_error() -> None:
         weights([[0.0]], [[1]], "auto", "mask", 5.0)  # the config resolves auto (AlgorithmConfig.imp_weight_mode)
     with pytest.raises(ValueError, match="importance weight mode must be one of none, token, sequence"):
         weights([[0.0]], [[1]], "tokens", "mask", 5.0)
-    with pytest.raises(ValueError, match="behave_imp_weight_correction must be one of mask, truncate"):
+    with pytest.raises(ValueError, match="behav_imp_weight_correction must be one of mask, truncate"):
         weights([[0.0]], [[1]], "token", "clip", 5.0)
     with pytest.raises(ValueError, match="sequence-level importance weights need a cap"):
         weights([[0.0]], [[1]], "sequence", "mask", None)
     with pytest.raises(ValueError, match="shape of the mask"):
-        behave_importance_weights(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2, dtype=torch.bool),
-                                  "token", "mask", 5.0)
+        behav_importance_weights(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2, dtype=torch.bool),
+                                 "token", "mask", 5.0)
 
 
 def test_weight_metrics_and_their_reduction() -> None:
@@ -99,15 +99,15 @@ def test_weight_metrics_and_their_reduction() -> None:
                         "token", "truncate", 5.0)
     m = {k: float(v) for k, v in weight_metrics(w, capped, w != 0, tokens=5.0).items()}
     assert set(m) == set(WEIGHT_METRIC_NAMES) <= set(METRIC_NAMES)
-    assert m == {"train/behave_imp_weight": pytest.approx(7.5 / 5), "train/behave_imp_weight_max": 5.0,
-                 "train/behave_imp_weight_min": pytest.approx(0.5), "train/behave_imp_weight_capped_frac": pytest.approx(0.2)}
+    assert m == {"train/behav_imp_weight": pytest.approx(7.5 / 5), "train/behav_imp_weight_max": 5.0,
+                 "train/behav_imp_weight_min": pytest.approx(0.5), "train/behav_imp_weight_capped_frac": pytest.approx(0.2)}
     empty = {k: float(v) for k, v in weight_metrics(w[1:], capped[1:], w[1:] != 0, tokens=5.0).items()}
-    assert empty == {"train/behave_imp_weight": 0.0, "train/behave_imp_weight_max": -math.inf,
-                     "train/behave_imp_weight_min": math.inf, "train/behave_imp_weight_capped_frac": 0.0}
+    assert empty == {"train/behav_imp_weight": 0.0, "train/behav_imp_weight_max": -math.inf,
+                     "train/behav_imp_weight_min": math.inf, "train/behav_imp_weight_capped_frac": 0.0}
     # an empty micro-batch leaves the extremes of the others; the means add up
-    other = {"train/behave_imp_weight": 0.2, "train/behave_imp_weight_max": 1.0, "train/behave_imp_weight_min": 1.0,
-             "train/behave_imp_weight_capped_frac": 0.0}
-    assert combine_metrics([m, empty, other]) == {**m, "train/behave_imp_weight": pytest.approx(1.7)}
+    other = {"train/behav_imp_weight": 0.2, "train/behav_imp_weight_max": 1.0, "train/behav_imp_weight_min": 1.0,
+             "train/behav_imp_weight_capped_frac": 0.0}
+    assert combine_metrics([m, empty, other]) == {**m, "train/behav_imp_weight": pytest.approx(1.7)}
     assert [metric_reduction(k) for k in ("train/loss", "a_max", "a_min", "a_minimum")] == ["sum", "max", "min", "sum"]
 
 
@@ -152,27 +152,27 @@ def test_defaults_reproduce_the_decoupled_loss_exactly(agg: str, cap: float | No
     logp0, batch = mismatch_batch(7)
     norm = LossNorm.from_batch(batch, 5)
     decoupled = cfg(use_decoupled_loss=True, behav_imp_weight_cap=cap, c_clip=3.0, loss_agg_mode=agg)
-    assert AlgorithmConfig().imp_weight_mode == "token" and AlgorithmConfig().behave_imp_weight_correction == "mask"
-    assert decoupled.behave_imp_weight_mode == "auto" and decoupled.imp_weight_mode == "token"
+    assert AlgorithmConfig().imp_weight_mode == "token" and AlgorithmConfig().behav_imp_weight_correction == "mask"
+    assert decoupled.behav_imp_weight_mode == "auto" and decoupled.imp_weight_mode == "token"
     want_logp = logp0.clone().requires_grad_()
     want = legacy_decoupled_pg(want_logp, batch, decoupled, norm)
     want.backward()
     # the default, the same spelled out, and token weights on the plain PPO loss: one and the same loss
     same = (decoupled, cfg(use_decoupled_loss=True, behav_imp_weight_cap=cap, c_clip=3.0, loss_agg_mode=agg,
-                           behave_imp_weight_mode="token", behave_imp_weight_correction="mask"),
-            cfg(behav_imp_weight_cap=cap, c_clip=3.0, loss_agg_mode=agg, behave_imp_weight_mode="token"))
+                           behav_imp_weight_mode="token", behav_imp_weight_correction="mask"),
+            cfg(behav_imp_weight_cap=cap, c_clip=3.0, loss_agg_mode=agg, behav_imp_weight_mode="token"))
     for c in same:
         logp = logp0.clone().requires_grad_()
         loss, m = ppo_loss(logp, batch, c, norm)
         loss.backward()
         assert torch.equal(loss.detach(), want.detach()) and logp.grad is not None
         assert torch.equal(logp.grad, want_logp.grad)  # type: ignore[arg-type]
-        assert m["train/behave_imp_weight_max"] >= m["train/behave_imp_weight_min"] >= 0
+        assert m["train/behav_imp_weight_max"] >= m["train/behav_imp_weight_min"] >= 0
         assert ("train/imp_weight_mean" in m) == c.use_decoupled_loss
         if c.use_decoupled_loss:  # the old names stay, with the same numbers
-            assert m["train/imp_weight_mean"] == m["train/behave_imp_weight"]
+            assert m["train/imp_weight_mean"] == m["train/behav_imp_weight"]
             if cap is not None:
-                frac = m["train/behave_imp_weight_capped_frac"]
+                frac = m["train/behav_imp_weight_capped_frac"]
                 assert m["train/imp_weight_capped_frac"] == frac and (frac > 0 or cap > 2)
     # no correction: no weight and no weight metrics
     _, m = ppo_loss(logp0, batch, cfg(behav_imp_weight_cap=cap), norm)
@@ -184,7 +184,7 @@ def test_policy_gradient_is_scaled_by_the_weight(mode: str, correction: str) -> 
     logp0, batch = mismatch_batch(11)
     norm = LossNorm.from_batch(batch, 5)
     grads, losses = [], []
-    for c in (cfg(eps_clip=10.0), cfg(behave_imp_weight_mode=mode, behave_imp_weight_correction=correction,
+    for c in (cfg(eps_clip=10.0), cfg(behav_imp_weight_mode=mode, behav_imp_weight_correction=correction,
                                       eps_clip=10.0, behav_imp_weight_cap=1.5)):
         logp = logp0.clone().requires_grad_()
         loss, metrics = ppo_loss(logp, batch, c, norm)
@@ -192,41 +192,41 @@ def test_policy_gradient_is_scaled_by_the_weight(mode: str, correction: str) -> 
         grads.append(logp.grad)
         losses.append(loss.item())
     mask = batch["loss_mask"]
-    w, capped = behave_importance_weights(batch["prox_logp"], batch["logprobs"], mask, mode, correction, 1.5)
+    w, capped = behav_importance_weights(batch["prox_logp"], batch["logprobs"], mask, mode, correction, 1.5)
     assert bool(capped.any()) and bool((w[mask & ~capped] != 1).all())
     # no token is clipped (ratios ~ exp(+-.3) inside 1 +- 10), so every gradient is -A r w / tokens
     ratio = torch.exp(torch.where(mask, logp0 - batch["prox_logp"], torch.zeros_like(logp0)))
     want = torch.where(mask, -batch["advantages"] * ratio * w, torch.zeros_like(w)) / norm.tokens
     torch.testing.assert_close(grads[1], want, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(grads[1], grads[0] * w, rtol=1e-12, atol=1e-15)
-    assert metrics["train/behave_imp_weight"] == pytest.approx(float(w.sum()) / norm.tokens)
-    assert metrics["train/behave_imp_weight_capped_frac"] == pytest.approx(float(capped.sum()) / norm.tokens)
-    assert metrics["train/behave_imp_weight_max"] == float(w[mask].max())
-    assert metrics["train/behave_imp_weight_min"] == float(w[mask].min())
+    assert metrics["train/behav_imp_weight"] == pytest.approx(float(w.sum()) / norm.tokens)
+    assert metrics["train/behav_imp_weight_capped_frac"] == pytest.approx(float(capped.sum()) / norm.tokens)
+    assert metrics["train/behav_imp_weight_max"] == float(w[mask].max())
+    assert metrics["train/behav_imp_weight_min"] == float(w[mask].min())
 
 
 def test_the_correction_needs_the_trainers_logprobs() -> None:
     logp, batch = mismatch_batch(3)
     del batch["prox_logp"]
     with pytest.raises(ValueError, match=r"'prox_logp' \(needed by the mismatch correction "
-                                         r"\(algorithm.behave_imp_weight_mode=sequence\)\)"):
-        ppo_loss(logp, batch, cfg(behave_imp_weight_mode="sequence"), LossNorm.from_batch(batch, 5))
+                                         r"\(algorithm.behav_imp_weight_mode=sequence\)\)"):
+        ppo_loss(logp, batch, cfg(behav_imp_weight_mode="sequence"), LossNorm.from_batch(batch, 5))
 
 
 @pytest.mark.parametrize(("overrides", "line"), [
-    (["algorithm.behave_imp_weight_mode=token"],  # grpo: no recomputed logprobs
-     "algorithm.behave_imp_weight_mode: token needs the trainer's own logprobs: set algorithm.recompute_logprob=true"),
-    (["algorithm.name=decoupled-ppo", "algorithm.behave_imp_weight_mode=none"],
-     "algorithm.behave_imp_weight_mode: none contradicts use_decoupled_loss=true"),
-    (["algorithm.name=decoupled-ppo", "algorithm.behave_imp_weight_mode=sequence", "algorithm.behav_imp_weight_cap=null"],
-     "algorithm.behav_imp_weight_cap: behave_imp_weight_mode=sequence needs a cap"),
-    (["algorithm.name=decoupled-ppo", "algorithm.behave_imp_weight_correction=truncate",
+    (["algorithm.behav_imp_weight_mode=token"],  # grpo: no recomputed logprobs
+     "algorithm.behav_imp_weight_mode: token needs the trainer's own logprobs: set algorithm.recompute_logprob=true"),
+    (["algorithm.name=decoupled-ppo", "algorithm.behav_imp_weight_mode=none"],
+     "algorithm.behav_imp_weight_mode: none contradicts use_decoupled_loss=true"),
+    (["algorithm.name=decoupled-ppo", "algorithm.behav_imp_weight_mode=sequence", "algorithm.behav_imp_weight_cap=null"],
+     "algorithm.behav_imp_weight_cap: behav_imp_weight_mode=sequence needs a cap"),
+    (["algorithm.name=decoupled-ppo", "algorithm.behav_imp_weight_correction=truncate",
       "algorithm.behav_imp_weight_cap=null"],
-     "algorithm.behav_imp_weight_cap: behave_imp_weight_correction=truncate needs a cap to truncate at"),
-    (["algorithm.behave_imp_weight_mode=seq"],
-     "algorithm.behave_imp_weight_mode: must be one of auto, none, token, sequence (got 'seq')"),
-    (["algorithm.behave_imp_weight_mode=off"],  # YAML reads off as false
-     "algorithm.behave_imp_weight_mode: must be one of auto, none, token, sequence (got 'False')"),
+     "algorithm.behav_imp_weight_cap: behav_imp_weight_correction=truncate needs a cap to truncate at"),
+    (["algorithm.behav_imp_weight_mode=seq"],
+     "algorithm.behav_imp_weight_mode: must be one of auto, none, token, sequence (got 'seq')"),
+    (["algorithm.behav_imp_weight_mode=off"],  # YAML reads off as false
+     "algorithm.behav_imp_weight_mode: must be one of auto, none, token, sequence (got 'False')"),
 ])
 def test_bad_combinations_are_one_config_line(overrides: list[str], line: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -235,9 +235,9 @@ def test_bad_combinations_are_one_config_line(overrides: list[str], line: str) -
 
 
 def test_good_combinations_load() -> None:
-    seq = load_config(overrides=["algorithm.name=decoupled-ppo", "algorithm.behave_imp_weight_mode=sequence",
-                                 "algorithm.behave_imp_weight_correction=truncate"]).algorithm
-    assert (seq.imp_weight_mode, seq.behave_imp_weight_correction, seq.behav_imp_weight_cap) == ("sequence", "truncate", 5.0)
-    grpo = load_config(overrides=["algorithm.recompute_logprob=true", "algorithm.behave_imp_weight_mode=token"])
+    seq = load_config(overrides=["algorithm.name=decoupled-ppo", "algorithm.behav_imp_weight_mode=sequence",
+                                 "algorithm.behav_imp_weight_correction=truncate"]).algorithm
+    assert (seq.imp_weight_mode, seq.behav_imp_weight_correction, seq.behav_imp_weight_cap) == ("sequence", "truncate", 5.0)
+    grpo = load_config(overrides=["algorithm.recompute_logprob=true", "algorithm.behav_imp_weight_mode=token"])
     assert grpo.algorithm.imp_weight_mode == "token" and not grpo.algorithm.use_decoupled_loss
     assert load_config().algorithm.imp_weight_mode == "none"  # grpo's defaults: no decoupling, no correction

@@ -45,7 +45,7 @@ def random_batch(seed: int, bsz: int = 7, width: int = 6) -> dict[str, torch.Ten
     }
 
 
-# behave_imp_weight_mode / _correction: the default (token + mask under the decoupled loss, else none) and two more
+# behav_imp_weight_mode / _correction: the default (token + mask under the decoupled loss, else none) and two more
 WEIGHTINGS = (("auto", "mask"), ("sequence", "truncate"), ("token", "truncate"))
 
 
@@ -53,7 +53,7 @@ def full_cfg(mode: str, decoupled: bool = True, weighting: tuple[str, str] = WEI
     return AlgorithmConfig(
         use_decoupled_loss=decoupled, recompute_logprob=True, behav_imp_weight_cap=1.5, c_clip=2.0,
         eps_clip_high=0.3, kl_ctl=0.1, entropy_coef=0.01, loss_agg_mode=mode,
-        behave_imp_weight_mode=weighting[0], behave_imp_weight_correction=weighting[1],
+        behav_imp_weight_mode=weighting[0], behav_imp_weight_correction=weighting[1],
     )
 
 

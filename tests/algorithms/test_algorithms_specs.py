@@ -77,6 +77,9 @@ def test_pyproject_registers_every_builtin_spec() -> None:
 def test_bad_specs_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown AlgorithmConfig field"):
         AlgorithmSpec(name="x", advantage="algorithms.advantages:grpo_advantages", defaults={"eps": 1})
+    with pytest.raises(ValueError, match=r"field\(s\) \['gamma', 'lam'\] \(gamma: renamed to token_discount; "
+                                         r"lam: renamed to gae_lambda\)$"):
+        AlgorithmSpec(name="x", advantage="algorithms.advantages:grpo_advantages", defaults={"lam": 0.9, "gamma": 1})
     with pytest.raises(ValueError, match="module:attr"):
         AlgorithmSpec(name="x", advantage="grpo_advantages")
 

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_agents.config import ConfigError, ExperimentConfig
+from areal_agents.config import RENAMED_KEYS, ConfigError, ExperimentConfig
 from areal_agents.config.loader import config_fields, load_config, to_yaml
 
 
@@ -211,6 +211,25 @@ def test_cli_prints_one_line_and_no_traceback():
         assert key in lines[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED_KEYS.items()))
+def test_a_renamed_key_fails_in_one_line_naming_its_new_name(old, new, tmp_path, capsys):
+    from areal_agents.cli import main
+
+    keys = {key for key, *_ in config_fields()}
+    assert new in keys and old not in keys
+    expected = f"{old}: renamed to {new}"
+    with pytest.raises(ConfigError) as override:
+        load_config(overrides=[f"{old}=1"])
+    section, leaf = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({section: {leaf: 1}}))
+    with pytest.raises(ConfigError) as from_yaml:
+        load_config(path)
+    assert str(override.value) == str(from_yaml.value) == expected
+    assert main(["config", "check", f"{old}=1"]) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["run", "--env", "math", "actor.path=/no/such/model"], "actor.path: no such model directory"),
     (["run", "--env", "math", "actor.path=/tmp"], "actor.path: /tmp is not a Hugging Face model directory"),
@@ -298,9 +317,10 @@ def test_explain_config_is_load_config_with_sources(tmp_path):
                 "actor.lr": "override", "inference.backend": "allocation_mode", "inference.num_servers": "allocation_mode",
                 "sglang.tp_size": "allocation_mode", "trainer.nproc": "allocation_mode",
                 "trainer.device": "allocation_mode", **{f"algorithm.{k}": "algorithm rloo" for k in spec}}
-    from envs.math import MathEnv  # the default env's own layer
+    from areal_agents.config.loader import env_presets  # the default env's own layers: its recipe
 
-    expected.update({f"{section}.{k}": "env math" for section, keys in MathEnv.default_config.items() for k in keys})
+    expected.update({f"{section}.{k}": source for source, preset in env_presets("math")
+                     for section, keys in preset.items() for k in keys})
     assert {k: v for k, v in sources.items() if v != "default"} == expected
     defaults = ExperimentConfig()
     for key, source in sources.items():
@@ -314,7 +334,7 @@ def test_explain_config_is_load_config_with_sources(tmp_path):
 def test_config_reference_doc_is_current():
     from pathlib import Path
 
-    from areal_agents.config.loader import config_reference
+    from areal_agents.config.doc import config_reference
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text() == config_reference(), "docs/config.md is stale: areal-agents config markdown > docs/config.md"
@@ -391,3 +411,108 @@ def test_section_name_shorthand() -> None:
 
     cfg = load_config(overrides=["agent=chat", "algorithm=rloo", "env={name: math, turn_discount: 0.5}"])
     assert (cfg.agent.name, cfg.algorithm.name, cfg.env.name, cfg.env.turn_discount) == ("chat", "rloo", "math", 0.5)
+
+
+# What each built-in env's run resolved to before recipes existed (`areal-agents config check --env NAME`,
+# every key whose value is not the dataclass's or the algorithm's default), and the layer that sets it now.
+_BUILTIN_RUNS = {
+    "math": {"sft.warm_start_target": 0.55, "sft.warm_start_far_check_every": 20, "rollout.group_filter": "nonzero_std",
+             "rollout.skip_no_signal": 0.97, "trainer.total_steps": 200, "trainer.save_every": 50, "eval.every": 50},
+    "countdown": {"agent.max_turns": 4, "sft.warm_start_target": 0.8, "sft.warm_start_check_every": 20,
+                  "rollout.group_filter": "nonzero_std", "trainer.total_steps": 100, "trainer.save_every": 25,
+                  "eval.every": 25},
+    "guess-number": {"agent.max_turns": 7, "sft.warm_start_target": 0.8, "sft.warm_start_check_every": 10,
+                     "rollout.group_filter": "nonzero_std", "trainer.total_steps": 100, "trainer.save_every": 25,
+                     "eval.every": 25},
+    "python-tool": {"sft.warm_start_far_check_every": 10, "trainer.total_steps": 40, "trainer.save_every": 20,
+                    "eval.every": 20},
+    "unit-convert": {"agent.name": "unit-convert", "sampling.max_new_tokens": 40, "sft.batch_size": 16,
+                     "sft.warm_start_lr": 1e-3, "sft.warm_start_check_every": 10, "sft.warm_start_target": 0.8,
+                     "rollout.batch_size": 8, "rollout.group_filter": "nonzero_std", "trainer.total_steps": 80,
+                     "eval.every": 20},
+    "reasoning-gym": {},
+    "textarena": {"agent.max_turns": 16},
+    "gem": {"agent.max_turns": 16},
+}
+_BUILTIN_RUNS["math-multiturn"] = dict(_BUILTIN_RUNS["math"])
+
+
+def _value(cfg: ExperimentConfig, key: str) -> object:
+    return functools.reduce(getattr, key.split("."), cfg)
+
+
+@pytest.mark.parametrize("name", sorted(_BUILTIN_RUNS))
+def test_builtin_env_runs_resolve_as_before_recipes(name: str) -> None:
+    """``--env NAME`` resolves every key as it did when the envs' classes held their run settings:
+    the same env-specific values, every other key at its dataclass or algorithm default; env-level
+    keys come from the class (``env NAME``), the rest from ``envs/recipes/NAME.yaml`` (``recipe NAME``)."""
+    from areal_agents.config.loader import ENV_LEVEL_SECTIONS, explain_config
+
+    cfg, sources = explain_config(None, [f"env.name={name}"])
+    plain, plain_sources = explain_config(None, ["env.name=reasoning-gym"])  # an env that proposes nothing
+    want = _BUILTIN_RUNS[name]
+    assert {key: _value(cfg, key) for key in want} == want
+    for key in want:
+        layer = "env" if key.split(".")[0] in ENV_LEVEL_SECTIONS else "recipe"
+        assert sources[key] == f"{layer} {name}", key
+    for key, source in sources.items():
+        if key not in want and key not in ("env.name", "experiment_name"):
+            assert (source, _value(cfg, key)) == (plain_sources[key], _value(plain, key)), key
+    assert cfg.experiment_name == name
+
+
+def _register_env_package(tmp_path, monkeypatch, name: str, default_config: dict, recipe: str | None) -> None:
+    """A package of the user's on ``sys.path`` that registers env ``name`` (``default_config`` on its
+    class) and ships ``recipes/<name>.yaml`` holding ``recipe`` when given."""
+    from areal_agents.registry import envs
+
+    pkg = tmp_path / "recipe_test_pkg"
+    (pkg / "recipes").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "my_env.py").write_text(
+        "from areal_agents import Env, register_env\n\n"
+        f"@register_env({name!r})\n"
+        "class MyEnv(Env):\n"
+        f"    default_config = {default_config!r}\n")
+    if recipe is not None:
+        (pkg / "recipes" / f"{name}.yaml").write_text(recipe)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("recipe_test_pkg", "recipe_test_pkg.my_env"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setattr(envs, "_entries", dict(envs._entries))  # the registration ends with the test
+    monkeypatch.setattr(envs, "_where", dict(envs._where))
+    __import__("recipe_test_pkg.my_env")
+
+
+def test_a_package_recipe_is_a_layer_under_the_users_config(tmp_path, monkeypatch) -> None:
+    from areal_agents.config.loader import explain_config, recipe_path
+
+    _register_env_package(tmp_path, monkeypatch, "recipe-test", {"agent": {"max_turns": 3}},
+                          "trainer:\n  total_steps: 7\nagent:\n  max_turns: 5\neval:\n  every: 4\n")
+    assert recipe_path("recipe-test") == tmp_path / "recipe_test_pkg" / "recipes" / "recipe-test.yaml"
+    assert recipe_path("countdown") is not None and recipe_path("countdown").name == "countdown.yaml"
+    assert recipe_path("reasoning-gym") is None
+    cfg, sources = explain_config(None, ["env.name=recipe-test", "eval.every=9"])
+    assert (cfg.trainer.total_steps, sources["trainer.total_steps"]) == (7, "recipe recipe-test")
+    assert (cfg.agent.max_turns, sources["agent.max_turns"]) == (5, "recipe recipe-test")  # over the class's proposal
+    assert (cfg.eval.every, sources["eval.every"]) == (9, "override")  # the user's overrides win
+    path = tmp_path / "exp.yaml"
+    path.write_text("trainer:\n  total_steps: 11\n")
+    assert load_config(path, ["env.name=recipe-test"]).trainer.total_steps == 11  # and the user's YAML
+
+
+@pytest.mark.parametrize(("default_config", "recipe", "message"), [
+    ({"trainer": {"total_steps": 5}}, None,
+     r"^trainer\.total_steps: env 'recipe-test' \(MyEnv\.default_config\) may set only env\.\*, agent\.\* and "
+     r"sampling\.\* keys; put run-level keys in a recipe \(recipes/recipe-test\.yaml"),
+    ({"seed": 3}, None, r"^seed: env 'recipe-test' \(MyEnv\.default_config\) may set only"),
+    ({}, "trainer:\n  total_stepz: 5\n", r"^trainer\.total_stepz: unknown key.*\(set by recipe recipe-test\)$"),
+    ({}, "env:\n  name: math\n", r"^env\.name: env 'recipe-test': its recipe .*recipe-test\.yaml may not set env\.name$"),
+    ({}, "- a\n- b\n", r"^env\.name: env 'recipe-test': its recipe .* must hold a mapping of sections$"),
+])
+def test_env_proposals_out_of_bounds_are_one_line_config_errors(tmp_path, monkeypatch, default_config, recipe,
+                                                                message) -> None:
+    _register_env_package(tmp_path, monkeypatch, "recipe-test", default_config, recipe)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(overrides=["env.name=recipe-test"])
+    assert "\n" not in str(caught.value)

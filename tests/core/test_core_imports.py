@@ -26,13 +26,13 @@ sys.meta_path.insert(0, _NoTorch())
 SDK_MODULES = [
     "areal_agents", "areal_agents.registry", "areal_agents.config", "areal_agents.config.loader",
     "areal_agents.types", "areal_agents.failures", "areal_agents.llm", "areal_agents.llm.scripted",
-    "areal_agents.llm.reference", "areal_agents.cli", "areal_agents.cli.preflight", "areal_agents.env",
+    "areal_agents.llm.reference", "areal_agents.cli", "areal_agents.cli.commands", "areal_agents.env",
     "areal_agents.gym", "areal_agents.agent", "areal_agents.rewards", "areal_agents.data", "areal_agents.tools",
     "areal_agents.runtime.threads", "areal_agents.runtime.loop_thread", "areal_agents.runtime.lifeline",
     "areal_agents.runtime.stopping", "areal_agents.runtime.ids", "areal_agents.rollout",
-    "areal_agents.rollout.process", "areal_agents.rollout.evaluation", "areal_agents.inference.client",
+    "areal_agents.rollout.process", "areal_agents.rollout.evaluation", "areal_agents.rollout.preflight",
+    "areal_agents.inference.client",
     "areal_agents.inference.sglang_version", "areal_agents.openai_compat.http",
-    "areal_agents.testing",
 ]
 
 
@@ -42,6 +42,50 @@ def test_core_imports_without_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+# Runs `areal-agents ARGS` in this interpreter, then says whether it loaded torch or a trainer (the
+# registry may load envs and algorithms): the trainers are imported inside the commands that train.
+CLI_IMPORTS = """
+import sys
+from areal_agents.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:  # argparse ends --help so
+    code = exc.code
+heavy = sorted(m for m in ("torch", "transformers", "trainers") if m in sys.modules)
+print("exit", code, "loaded", ",".join(heavy) or "nothing heavy")
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list"], ["config", "check"]])
+def test_the_light_commands_load_no_torch_and_no_trainer(args):
+    proc = subprocess.run([sys.executable, "-c", CLI_IMPORTS, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1] == "exit 0 loaded nothing heavy", proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(lines) > 3  # the command printed what it prints
+
+
+def _contract(name_start: str) -> dict:
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    found = [c for c in contracts if c["name"].startswith(name_start)]
+    assert len(found) == 1, [c["name"] for c in contracts]
+    return found[0]
+
+
+def test_every_room_below_the_command_line_is_forbidden_to_import_it():
+    """The contract lists its sources (the core's root package holds the command line): a new room
+    of the core must join the list."""
+    core = ROOT / "areal_agents"
+    rooms = {f"areal_agents.{p.stem}" for p in core.glob("*.py") if p.name != "__init__.py"}
+    rooms |= {f"areal_agents.{p.name}" for p in core.iterdir() if (p / "__init__.py").exists()}
+    contract = _contract("nothing below the command line imports it")
+    assert contract["forbidden_modules"] == ["areal_agents.cli"]
+    assert sorted(rooms - {"areal_agents.cli"} - set(contract["source_modules"])) == []
+    assert {"trainers", "algorithms", "envs"} <= set(contract["source_modules"])
 
 
 def test_import_linter_contracts():

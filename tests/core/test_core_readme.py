@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from areal_agents.config.loader import load_config
-from areal_agents.env import check_env
+from areal_agents.gym.checker import check_env
 from areal_agents.registry import envs, rewards
 
 README = Path(__file__).resolve().parents[2] / "README.md"

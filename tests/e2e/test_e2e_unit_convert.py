@@ -30,7 +30,7 @@ def _tool_calling_model(root: Path) -> Path:
     from transformers import AutoTokenizer
 
     cfg = load_config(None, ["env.name=unit-convert"])
-    from areal_agents.env import make_env
+    from areal_agents.gym.registration import make_env
 
     env = make_env("unit-convert")
     rows = load_dataset_rows(cfg, "train")[:400]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 BAD_RESET = '''\
-from areal_agents import Env, register_env
+from areal_agents import DatasetMixin, Env, register_env
 
 
 @register_env("mistake-reset")
-class BadReset(Env):
+class BadReset(DatasetMixin, Env):
     default_dataset = "arithmetic"
 
     def reset(self, *, seed=None, options=None):
@@ -33,7 +32,7 @@ class BadReset(Env):
 '''
 
 STRING_REWARD = '''\
-from areal_agents import Env, register_env, register_reward
+from areal_agents import DatasetMixin, Env, ReferenceMixin, RewardMixin, register_env, register_reward
 
 
 @register_reward("mistake-str")
@@ -42,7 +41,7 @@ def str_reward(completion, answer="", **row):
 
 
 @register_env("mistake-reward")
-class StrRewardEnv(Env):
+class StrRewardEnv(DatasetMixin, RewardMixin, ReferenceMixin, Env):
     default_dataset = "arithmetic"
 
     def reset(self, *, seed=None, options=None):
@@ -64,15 +63,15 @@ from areal_agents import Agent, checked_step, register_agent
 
 @register_agent("mistake-agent")
 class MyAgent(Agent):
-    def __init__(self, max_turns=4, max_tokens=1024, system_prompt=None, turn_discount=1.0,
+    def __init__(self, max_turns=4, max_tokens=1024, system_prompt=None,
                  sampling=None, **my_kwargs): ...
 
     async def run(self, env, llm, row=None, *, seed=None):
         obs, info = await env.areset(seed=seed, options=row)
-        text = await llm.chat([{"role": "user", "content": obs}])
+        text = await llm.chat([{"role": "user", "content": obs}], **self.sampling)
         step = await checked_step(env, text)
         traj = llm.to_trajectory(info={"success": step.info.get("success", False)})
-        traj.set_rewards([step.reward], self.turn_discount)
+        traj.set_rewards([step.reward])
         return traj
 '''
 
@@ -93,28 +92,26 @@ CASES = {  # file name, contents, overrides, what the one line must say
     "reward": ("my_rewards.py", STRING_REWARD, ["--env", "mistake-reward"],
                ["reward 'mistake-str' returned str '1.0', not a number", "(my_rewards.py:5)"]),
     "agent": ("my_agent.py", BROKEN_AGENT, ["--env", "math", "agent.name=mistake-agent"],
-              ["agent 'mistake-agent'", "AttributeError: 'MyAgent' object has no attribute 'turn_discount'",
-               "(my_agent.py:14)"]),
+              ["agent 'mistake-agent'", "AttributeError: 'MyAgent' object has no attribute 'sampling'",
+               "(my_agent.py:11)"]),
     "agent-init": ("init_agent.py", RAISING_INIT, ["--env", "math", "agent.name=mistake-init"],
                    ["agent 'mistake-init': constructing it raised NameError", "(init_agent.py:8)"]),
 }
 
 
-def _run(tmp_path: Path, case: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+def _run(tmp_path: Path, case: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     name, code, args, _ = CASES[case]
     (tmp_path / name).write_text(code)
     cmd = [sys.executable, "-m", "areal_agents.cli", "run", *args, f"imports={name}",
            f"output_dir={tmp_path / 'runs'}", "logging.progress=false"]
     env = {k: v for k, v in os.environ.items() if k != "AREAL_AGENTS_TRACEBACK"}
     env.update(AREAL_AGENTS_CACHE=str(tmp_path / "cache"), **(extra_env or {}))
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
-    return proc, time.monotonic() - t0
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_user_mistake_fails_fast_with_one_line(tmp_path: Path, case: str) -> None:
-    proc, _ = _run(tmp_path, case)
+    proc = _run(tmp_path, case)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
@@ -125,19 +122,8 @@ def test_user_mistake_fails_fast_with_one_line(tmp_path: Path, case: str) -> Non
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
-def test_every_user_mistake_fails_within_20_s(tmp_path: Path) -> None:
-    """How fast is a latency target: here, in the slow set (the default set has no wall-clock bound)."""
-    took = {}
-    for case in sorted(CASES):
-        (tmp_path / case).mkdir()
-        proc, took[case] = _run(tmp_path / case, case)
-        assert proc.returncode == 1, (case, proc.stderr[-3000:])
-    assert max(took.values()) < 20, took
-
-
 def test_traceback_on_request(tmp_path: Path) -> None:
-    proc, _ = _run(tmp_path, "reward", {"AREAL_AGENTS_TRACEBACK": "1"})
+    proc = _run(tmp_path, "reward", {"AREAL_AGENTS_TRACEBACK": "1"})
     assert proc.returncode != 0
     assert "Traceback (most recent call last)" in proc.stderr and "PreflightError" in proc.stderr
     assert "returned str '1.0', not a number" in proc.stderr

@@ -1,4 +1,4 @@
-"""Numbers the docs quote are those of their sources: config defaults, the envs' ``default_config``,
+"""Numbers the docs quote are those of their sources: config defaults, the envs' defaults and recipes,
 ``docs/benchmarks.md`` and ``benchmarks/results/*.json``. A default changed in the code, or a
 figure re-measured, fails here until the docs say the same."""
 
@@ -10,15 +10,16 @@ import re
 import yaml
 from examples_support import DOCS, ROOT
 
-from areal_agents.config.doc import builtin_env_defaults, declared_fields
+from areal_agents.config.doc import builtin_env_defaults
+from areal_agents.config.loader import config_fields
 
-DEFAULTS = {key: default for key, _, default, _ in declared_fields()}
+DEFAULTS = {key: default for key, _, default, _ in config_fields()}
 NUMBER = r"(-?\d[\d.]*(?:e-?\d+)?)"
 KEY = r"`([a-z_]+\.[a-z_.]+)`"
 
 # "`key` (N", "`key` = N", "`key`, N", "`key` steps (N by default": a global default stated next to its key
 STATED_DEFAULT = re.compile(KEY + r"(?: \(| = |, |[^`\n(]{0,24}\()" + NUMBER + r"(?![\d.])")
-# "`key` ... the `env` env sets N": an env's default_config value
+# "`key` ... the `env` env sets N": an env's value (its default_config or its recipe)
 STATED_ENV_VALUE = re.compile(KEY + r"[^`]{0,80}?the `([a-z-]+)` env sets\s+" + NUMBER)
 
 # (doc, key) pairs that quote a recipe's value rather than the default, with where that value comes from

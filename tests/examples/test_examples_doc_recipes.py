@@ -163,7 +163,7 @@ COMMANDS: dict[str, dict[str, str]] = {
 
 # doc -> first line of a python block -> where it runs, or "not run: <why>"
 PYTHON_BLOCKS: dict[str, dict[str, str]] = {
-    "README.md": {"from areal_agents import Env, register_env, register_reward":
+    "README.md": {"from areal_agents import DatasetMixin, Env, ReferenceMixin, RewardMixin, register_env, register_reward":
                   f"{_HERE}::test_readme_env_trains_through_imports"},
     "docs/quickstart.md": {"# my_envs/reverse.py": f"{_HERE}::test_quickstart_reverse_package_learns_as_written"},
     "docs/custom_env.md": {"import asyncio": "tests/sdk/test_sdk_docs.py::test_custom_env_example_runs_verbatim"},
@@ -201,7 +201,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
     "docs/rewards.md": {
         'def my_reward(completion: str, *, answer: str = "", **row) -> float:': f"{_HERE}::test_rewards_doc_blocks_run",
         "# my_rewards.py": "not run: a signature (the README's and quickstart's rewards are registered this way)",
-        "class MyEnv(Env):": "not run: a fragment; the README's and quickstart's envs call compute_reward this way",
+        "class MyEnv(RewardMixin, Env):  # from areal_agents import Env, RewardMixin": "not run: a fragment; the README's and quickstart's envs call compute_reward this way",
         "from areal_agents import register_reward": f"{_HERE}::test_rewards_doc_blocks_run",
     },
     "docs/trainer.md": {"engine = build_engine(cfg, model_path, spec)        # trainers.loop: critic / reference as the spec needs":

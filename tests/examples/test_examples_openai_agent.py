@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from examples_support import ROOT, TINY, load_example, run_command, train_steps
 
+from areal_agents.llm.scripted import CharTokenizer, ScriptedLLM
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.rollout.returns import settle_returns
-from areal_agents.testing import CharTokenizer, ScriptedLLM
 
 
 def _load() -> ModuleType:

@@ -17,8 +17,8 @@ from examples_support import ROOT, load_example, metrics_rows, run_command
 
 from areal_agents import make_env
 from areal_agents.data import arithmetic_dataset
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.rollout.returns import settle_returns
-from areal_agents.testing import ScriptedLLM
 
 ROW = {"prompt": "37*45=?", "answer": "1665", "expression": "37*45"}
 
@@ -28,9 +28,9 @@ def _load() -> ModuleType:
 
 
 def test_agent_runs_the_tool_in_the_sandbox_then_answers() -> None:
-    agent = _load().SandboxToolAgent(max_turns=3, turn_discount=0.5)
+    agent = _load().SandboxToolAgent(max_turns=3)
     llm = ScriptedLLM(["<python>import socket\nprint(37*45)</python>", "1665"])
-    traj = settle_returns(asyncio.run(agent.run(make_env("python-tool"), llm, ROW, seed=0)), 0.5)
+    traj = settle_returns(asyncio.run(agent.run(make_env("python-tool"), llm, ROW, seed=0)), 0.5)  # env.turn_discount
     assert traj.status == "ok" and traj.info["success"] is True and traj.info["agent_tool_calls"] == 1
     assert llm.messages[2] == {"role": "user", "content": "<output>1665</output>"}  # real sandboxed run
     assert traj.turn_rewards == [0.0, 1.0] and traj.reward == 0.5  # the tool call cost one factor γ
@@ -49,7 +49,7 @@ def test_agent_reports_sandbox_errors_and_caps_tool_calls() -> None:
     assert traj.turn_rewards == [0.0, 0.0, 0.0] and traj.info["success"] is False
 
 
-@pytest.mark.parametrize("bad", [{"max_turns": 0}, {"turn_discount": 0.0}, {"max_tool_calls": -1}])
+@pytest.mark.parametrize("bad", [{"max_turns": 0}, {"max_tokens": 0}, {"max_tool_calls": -1}])
 def test_agent_rejects_bad_arguments(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="SandboxToolAgent"):
         _load().SandboxToolAgent(**bad)

@@ -2,8 +2,8 @@
 
 ``python sglang_frontend_client.py URL`` runs ``gen`` (plain, with logprobs, streamed),
 ``run_batch``, ``fork`` and ``select`` through ``sglang.RuntimeEndpoint`` against the
-SGLang-protocol server at URL. It needs the ``sglang`` wheel importable (installed with
-``--no-deps``; see test_inference_sglang_frontend.py) and the frontend's small dependencies.
+SGLang-protocol server at URL. It needs the ``sglang`` wheel importable (the wheel file on
+``PYTHONPATH``; see test_inference_sglang.py) and the frontend's small dependencies.
 
 ``sglang/__init__.py`` is not run: before re-exporting the frontend it patches
 transformers for SGLang's own server runtime, which imports ``triton`` (a ~1 GB GPU
@@ -31,7 +31,7 @@ def load_frontend() -> tuple[Any, Any]:
     """``(sglang.lang.api, RuntimeEndpoint)`` from the installed wheel, without ``sglang/__init__.py``."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("sglang is not importable (pip install --no-deps sglang)")
+        raise SystemExit("sglang is not importable (put its wheel file on PYTHONPATH)")
     package = types.ModuleType("sglang")
     package.__path__ = list(spec.submodule_search_locations)
     package.__spec__ = spec

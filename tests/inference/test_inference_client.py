@@ -280,7 +280,9 @@ def test_one_5xx_from_the_only_server_waits_for_its_reprobe_instead_of_failing(
 
     async def main(c: InferenceClient) -> list[Generation]:
         first = asyncio.ensure_future(c.generate([1], SAMPLING))
-        await asyncio.sleep(0.05)  # the 503 has marked the server down; these start while it is
+        while not c.dead_until and not first.done():  # until the 503 has marked the server down
+            await asyncio.sleep(0.001)
+        assert c.dead_until  # these start while it is down
         return [await first, *await asyncio.gather(*(c.generate([1], SAMPLING) for _ in range(3)))]
 
     gens = run(main, client)

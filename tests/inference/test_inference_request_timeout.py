@@ -4,7 +4,6 @@ with a one-line error, also when it comes through an episode's HTTP endpoint."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,17 +41,15 @@ def silent_server() -> Iterator[str]:
 
 
 def test_an_unanswered_generate_fails_within_the_request_timeout(silent_server: str) -> None:
-    async def main() -> tuple[InferenceError, float]:
+    async def main() -> InferenceError:
         async with InferenceClient([silent_server], timeout=1.0, retries=3, backoff=0.05) as client:
-            t0 = time.monotonic()
-            with pytest.raises(InferenceError) as info:
+            with pytest.raises(InferenceError) as info:  # not the 60 s guard's TimeoutError
                 await asyncio.wait_for(client.generate([1, 2, 3], {"max_new_tokens": 4}), 60)
-            return info.value, time.monotonic() - t0
+            return info.value
 
-    err, took = asyncio.run(main())
-    message = str(err)
+    message = str(asyncio.run(main()))
     assert "no reply within 1 s" in message and "inference.request_timeout" in message and "\n" not in message
-    assert took < 30  # bounded by the request timeout, not by retries x timeout or the 60 s guard
+    assert "; 1 attempts," in message  # the timeout bounds the request, retries included: not retries x timeout
 
 
 def test_the_episode_endpoint_answers_an_unanswered_request_with_an_error(silent_server: str, tmp_path: Any) -> None:

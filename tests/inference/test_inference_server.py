@@ -7,7 +7,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,21 +201,33 @@ def test_model_info_health_and_control(server: ServerHandle) -> None:
     assert nccl.status_code == 400 and "must be gloo" in nccl.json()["error"]["message"]  # CPU: no NCCL
 
 
+async def _batching_when(server: ServerHandle, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The server's batching counters once ``ready`` holds for them (polled, 60 s deadline)."""
+    deadline = time.monotonic() + 60
+    while True:
+        batching = (await asyncio.to_thread(httpx.get, server.url + "/server_info")).json()["batching"]
+        if ready(batching) or time.monotonic() >= deadline:
+            return batching
+        await asyncio.sleep(0.005)
+
+
 def test_pause_in_place_holds_requests_until_continue(server: ServerHandle) -> None:
     assert post(server, "/pause_generation", {"mode": "in_place"}).json()["status"] == "ok"
+    before = httpx.get(server.url + "/server_info").json()["batching"]["generated_tokens"]
 
-    async def run() -> tuple[bool, Any]:
+    async def run() -> tuple[bool, dict[str, Any], Any]:
         async with aiohttp.ClientSession() as session:
             body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
             task = asyncio.ensure_future(session.post(server.url + "/generate", json=body))
-            await asyncio.sleep(0.5)
+            queued = await _batching_when(server, lambda b: b["num_waiting"] == 1)  # the request is at the server
             held = not task.done()
             await asyncio.to_thread(post, server, "/continue_generation", {})
             resp = await task
-            return held, await resp.json()
+            return held, queued, await resp.json()
 
-    held, out = asyncio.run(run())
-    assert held and out["meta_info"]["finish_reason"]["type"] == "length"
+    held, queued, out = asyncio.run(run())
+    assert queued["num_waiting"] == 1 and queued["generated_tokens"] == before and held  # queued, nothing decoded
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_abort_request_returns_partial_output(server: ServerHandle) -> None:
@@ -223,8 +235,9 @@ def test_abort_request_returns_partial_output(server: ServerHandle) -> None:
         async with aiohttp.ClientSession() as session:
             body = {"input_ids": [5, 6], "rid": "to-abort", "return_logprob": True,
                     "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}  # fmt: skip
+            before = (await asyncio.to_thread(httpx.get, server.url + "/server_info")).json()["batching"]
             task = asyncio.ensure_future(session.post(server.url + "/generate", json=body))
-            await asyncio.sleep(0.3)
+            await _batching_when(server, lambda b: b["generated_tokens"] > before["generated_tokens"])  # decoding
             ack = await asyncio.to_thread(post, server, "/abort_request", {"rid": "to-abort"})
             resp = await task
             return ack.json(), await resp.json()

@@ -17,10 +17,10 @@ import pytest
 from openai.types.responses import Response
 from openai_support import build_model, load_tokenizer
 
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.openai_compat.http import Endpoint
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
-from areal_agents.testing import ScriptedLLM
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 ADD = {"name": "add", "description": "Add two numbers.",

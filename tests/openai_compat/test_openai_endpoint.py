@@ -167,10 +167,14 @@ def test_weight_update_in_the_middle_of_a_call(server: ServerGroup, models: tupl
         base = await endpoint.start()
         try:
             async with openai.AsyncOpenAI(base_url=f"{base}/{key}/v1", api_key="x", max_retries=0) as client:
+                async def generated() -> int:
+                    info = await asyncio.to_thread(httpx.get, f"http://{addr}/server_info")
+                    return int(info.json()["batching"]["generated_tokens"])
+
+                before = await generated()
                 call = asyncio.ensure_future(client.chat.completions.create(model="policy", messages=USER))
-                while inference.inflight[0] < 1:
+                while inference.inflight[0] < 1 or await generated() == before:  # until the reply is decoding
                     await asyncio.sleep(0.002)
-                await asyncio.sleep(0.05)
 
                 def update() -> None:
                     control.pause_generation(addr, mode="abort")

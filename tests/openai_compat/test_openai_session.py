@@ -14,12 +14,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_support import ADD_TOOL, build_model, load_tokenizer
 
 from areal_agents.llm import observation_key
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.rollout.returns import settle_returns
-from areal_agents.testing import ScriptedLLM
 from areal_agents.tools.calls import parse_tool_calls
 from areal_agents.types import Trajectory
 from trainers.tiny_model import CHAT_TEMPLATE

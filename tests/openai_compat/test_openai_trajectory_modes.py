@@ -12,13 +12,13 @@ import pytest
 
 from areal_agents.config import ConfigError
 from areal_agents.config.loader import load_config
-from areal_agents.env import make_env
+from areal_agents.gym.registration import make_env
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.openai_compat.agent import OpenAIAgent
 from areal_agents.openai_compat.session import CallRecord
 from areal_agents.openai_compat.trajectories import assemble
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.rollout.wiring import build_agent
-from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 
 
@@ -94,7 +94,7 @@ def test_mode_from_the_agent_attribute_or_the_config(attribute: str | None, conf
 
     if attribute is not None:
         agent.trajectory_mode = attribute  # type: ignore[attr-defined]
-    built = OpenAIAgent(agent, turn_discount=0.5, trajectory_mode=config)
+    built = OpenAIAgent(agent, trajectory_mode=config)
     assert built.trajectory_mode == mode
     main = settle_returns(_play(built), 0.5)  # env.turn_discount = 0.5, applied where the episode ends
     assert main.status == "ok" and main.info["trajectory_mode"] == mode

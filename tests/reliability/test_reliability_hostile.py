@@ -1,7 +1,7 @@
 """Hostile envs and rewards through the real RolloutExecutor + ChatAgent: each fault is contained,
 counted under ``rollout/failed/<status>``, and the executor keeps producing good episodes.
 
-The LLM is :class:`~areal_agents.testing.ScriptedLLM` (a test double that always answers
+The LLM is :class:`~areal_agents.llm.scripted.ScriptedLLM` (a test double that always answers
 ``42``); the faults are real: exceptions, wrong return types, sync and async hangs, NaN/inf,
 ``sys.exit`` in an env, and rewards that hang, ``os._exit``, segfault or allocate without
 bound inside real reward worker processes.
@@ -21,10 +21,10 @@ from reliability_support import record, settled_thread_count
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
-from areal_agents.env import Env
+from areal_agents.env import Env, RewardMixin
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
-from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 
 RELEASE = threading.Event()  # lets the hung sync steps end when the test is over
@@ -124,7 +124,7 @@ def test_hostile_envs_are_contained_and_counted() -> None:
            kinds=sorted(by_kind))
 
 
-class RewardEnv(Env):
+class RewardEnv(RewardMixin, Env):
     """One-turn env scored by :func:`hostile_reward` in the process-wide reward runner."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from reliability_support import make_model, record
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
-from areal_agents.env import make_env
+from areal_agents.gym.registration import make_env
 from areal_agents.llm import LLM, Generation
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn

@@ -83,7 +83,8 @@ async def _run(addresses: list[str], tokenizer: Any, window: float, kill: Any) -
     tasks = [asyncio.ensure_future(fn({"prompt": f"What is {i % 50} + {i % 37}?"}, i, f"ep-{i}"))
              for i in range(EPISODES)]
     if kill is not None:
-        await asyncio.sleep(2.0)  # the episodes are under way
+        while min(client.inflight) < 1 and not all(t.done() for t in tasks):  # requests at every server
+            await asyncio.sleep(0.01)
         await asyncio.to_thread(kill)
     done, pending = await asyncio.wait(tasks, timeout=480)
     for task in pending:

@@ -12,8 +12,8 @@ from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
 from areal_agents.env import Env
 from areal_agents.inference.client import InferenceError
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.rollout import EpisodesFailed, RolloutExecutor, make_episode_fn
-from areal_agents.testing import ScriptedLLM
 from areal_agents.types import Trajectory
 
 ROWS = [{"a": i, "b": i + 1} for i in range(6)]
@@ -67,7 +67,7 @@ def test_episode_plays_env_with_agent_and_closes_it():
     fn = make_episode_fn(AddEnv, ChatAgent(max_turns=3), lambda rid: ScriptedLLM(answer))
     traj = run(fn)
     traj.validate()
-    assert traj.ok and traj.num_turns == 2 and traj.turn_rewards == [0.0, 1.0] and traj.reward == 1.0
+    assert traj.ok and traj.num_turns == 2 and traj.turn_rewards == [0.0, 1.0]  # settled where the episode ends
     assert traj.num_generated > 0 and AddEnv.closed == 1
 
 
@@ -86,8 +86,11 @@ def test_exceptions_become_statuses(exc, status):
 
 
 def test_episode_timeout_and_cancellation_close_the_env():
+    generating: list[int] = []
+
     class SlowLLM(ScriptedLLM):
         async def _generate(self, input_ids, sampling):
+            generating.append(1)
             await asyncio.sleep(3600)
 
     AddEnv.closed = 0
@@ -96,8 +99,10 @@ def test_episode_timeout_and_cancellation_close_the_env():
     assert traj.status == "timeout" and "0.05" in traj.info["error"] and AddEnv.closed == 1
 
     async def cancel_midway() -> None:
+        generating.clear()
         task = asyncio.ensure_future(make_episode_fn(AddEnv, ChatAgent(), lambda rid: SlowLLM(["x"]))(ROWS[0], 1, "e"))
-        await asyncio.sleep(0.02)
+        while not generating and not task.done():  # midway: the env is open and the agent waits on the LLM
+            await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -30,7 +30,7 @@ def make_traj(seed: int, reward: float, n_gen: int = 3) -> Trajectory:
     t = Trajectory(input_ids=[1, 2] + [seed % 97 + 3] * n_gen, loss_mask=[0, 0] + [1] * n_gen,
                    logprobs=[0.0, 0.0] + [-0.5] * n_gen, versions=[-1, -1] + [0] * n_gen,
                    turn_spans=[(2, 2 + n_gen)])
-    t.set_rewards([reward], 1.0)
+    t.set_rewards([reward])  # the executor settles the return
     return t
 
 
@@ -106,7 +106,9 @@ def test_staleness_bound_holds_for_every_batch(eta):
             assert counts["accepted"] + counts["in_flight"] <= (eta + t + 1) * B
             if eta == 0:
                 assert counts["submitted"] == (t + 1) * B and counts["in_flight"] == 0
-            time.sleep(0.01)  # "training"
+            deadline = time.monotonic() + 30  # "training": the pipeline runs ahead meanwhile (eta > 0)
+            while eta and ex.counts()["running"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
             ex.pause()
             ex.set_version(t + 1)
             ex.resume()
@@ -126,7 +128,7 @@ def test_straggler_group_is_cancelled_as_stale():
             except asyncio.CancelledError:
                 cancelled.append(episode_id)
                 raise
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
         return make_traj(seed, float(seed % 2))
 
     c = cfg(max_head_offpolicyness=1, batch_size=2, group_size=2)
@@ -145,6 +147,11 @@ def test_straggler_group_is_cancelled_as_stale():
     assert_invariant(counts)
 
 
+def _loop_turn(ex: RolloutExecutor) -> None:
+    """Returns once the executor's event loop has run every callback queued before this call."""
+    ex.run_coroutine(asyncio.sleep(0), timeout=30)
+
+
 def test_pause_stops_launching_and_resume_continues():
     c = cfg(max_head_offpolicyness=2)
     with RolloutExecutor(c, episode_fn=timed_episode(0.002), rows=ROWS) as ex:
@@ -155,7 +162,7 @@ def test_pause_stops_launching_and_resume_continues():
             time.sleep(0.005)
         before = ex.counts()
         ex.set_version(1)  # more capacity, but paused
-        time.sleep(0.1)  # a while in which nothing may start (waiting longer can only find more)
+        _loop_turn(ex)  # the launch the version bump asked for has run
         after = ex.counts()
         assert after["submitted"] == before["submitted"] and after["running"] == 0
         ex.resume()
@@ -240,7 +247,7 @@ def test_state_dict_resumes_dataloader_and_reruns_unconsumed_groups():
     ex.start()
     consumed = [g[0].group_id for g in ex.prepare_batch(timeout=20)]
     ex.pause()
-    time.sleep(0.1)
+    _loop_turn(ex)  # every launched episode has started (and logged itself)
     state = json.loads(json.dumps(ex.state_dict()))  # must survive a JSON round trip
     ex.shutdown()
     assert state["consumed_groups"] == 2
@@ -282,8 +289,11 @@ def test_bad_state_and_bad_use_fail_with_one_line():
 
 
 def test_wait_times_out_and_runs_out_of_rows():
+    released = threading.Event()
+
     async def slow(row, seed, episode_id):
-        await asyncio.sleep(0.3)
+        while not released.is_set():  # runs until the test lets it end
+            await asyncio.sleep(0.01)
         return make_traj(seed, 1.0)
 
     with RolloutExecutor(cfg(), episode_fn=slow) as ex:  # no rows: only submit()
@@ -292,6 +302,7 @@ def test_wait_times_out_and_runs_out_of_rows():
         gid = ex.submit(ROWS[0])
         with pytest.raises(TimeoutError, match="0 of 1"):
             ex.wait(1, timeout=0.05)
+        released.set()
         (group,) = ex.wait(1, timeout=10)
         assert group[0].group_id == gid and len(group) == 4
 

@@ -12,18 +12,18 @@ from rollout_fault_rewards import string_reward
 from areal_agents.agent import Agent, ChatAgent
 from areal_agents.config import RolloutConfig
 from areal_agents.config.loader import load_config
-from areal_agents.env import Env
+from areal_agents.env import Env, RewardMixin
+from areal_agents.llm.scripted import CharTokenizer, ScriptedLLM
 from areal_agents.registry import envs
 from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import EpisodesFailed, RolloutExecutor, make_episode_fn
 from areal_agents.rollout.evaluation import evaluate
-from areal_agents.testing import CharTokenizer, ScriptedLLM
 
 ROWS = [{"prompt": f"say {i}", "answer": str(i)} for i in range(4)]
 CONFIG = RolloutConfig(batch_size=2, group_size=2, max_concurrent_rollouts=4)
 
 
-class StringRewardEnv(Env):
+class StringRewardEnv(RewardMixin, Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.row = dict(options or {})

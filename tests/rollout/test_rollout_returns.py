@@ -1,5 +1,6 @@
 """One owner of the return: agents report per-turn rewards, the rollout discounts them where the
-episode ends (``settle_returns``), with the failure policy; cases computed by hand."""
+episode ends (``settle_returns``) with the config's ``env.turn_discount`` and the failure policy;
+no agent is told γ. Cases computed by hand."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import pytest
 
 from areal_agents import Agent, Env, Trajectory, checked_step
 from areal_agents.config import RolloutConfig
+from areal_agents.config.loader import load_config
+from areal_agents.llm.scripted import ScriptedLLM
+from areal_agents.registry import agents, envs
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.rollout.returns import settle_returns
-from areal_agents.testing import ScriptedLLM
+from areal_agents.rollout.wiring import build_agent, env_factory, sampling_params
+from trainers.batching import collate
 
 
 def test_discounted_returns_per_turn_by_hand() -> None:
@@ -20,11 +25,18 @@ def test_discounted_returns_per_turn_by_hand() -> None:
     assert traj.turn_returns == [1.5, 1.0, 2.0] and traj.reward == 1.5
     assert traj.turn_rewards == [1.0, 0.0, 2.0]  # what the agent reported stays as it was
     # a return computed before (by an agent, with another γ) is overruled; settling twice changes nothing
-    traj.set_rewards([1.0, 0.0, 2.0], 0.9)
-    assert settle_returns(settle_returns(traj, 0.5), 0.5).turn_returns == [1.5, 1.0, 2.0]
+    traj.reward, traj.turn_returns = 9.0, [9.0, 9.0, 9.0]
+    assert settle_returns(settle_returns(traj, 0.5), 0.5).turn_returns == [1.5, 1.0, 2.0] and traj.reward == 1.5
     # γ = 1: plain sums; no per-turn rewards: the agent's own reward stands
     assert settle_returns(Trajectory(turn_rewards=[0.0, 1.0, 1.0])).turn_returns == [2.0, 2.0, 1.0]
     assert settle_returns(Trajectory(reward=0.7), 0.5).reward == 0.7
+
+
+def test_set_rewards_records_rewards_and_leaves_the_return_unsettled() -> None:
+    traj = Trajectory(reward=5.0, turn_returns=[5.0])  # an earlier return, e.g. the agent's own
+    traj.set_rewards([1, 2])
+    assert (traj.turn_rewards, traj.reward, traj.turn_returns) == ([1.0, 2.0], 0.0, [])
+    assert settle_returns(traj, 0.5).turn_returns == [2.0, 2.0] and traj.reward == 2.0
 
 
 def test_zero_failure_policy_by_hand() -> None:
@@ -89,3 +101,50 @@ def test_a_custom_agent_that_only_records_rewards_gets_the_runs_returns(policy: 
     trajs = [t for g in batch for t in g]
     assert len(trajs) == 4 and all(t.ok for t in trajs)
     assert all(t.turn_returns == [2.75, 3.5, 3.0] and t.reward == 2.75 for t in trajs)
+
+
+class UserAgent(Agent):
+    """A user's agent as ``areal-agents run`` builds it: the arguments every agent gets and not one
+    more (no ``**kwargs`` that would swallow a turn discount), playing ``max_turns`` turns."""
+
+    def __init__(self, max_turns: int = 4, max_tokens: int = 1024, system_prompt: str | None = None,
+                 sampling: dict[str, Any] | None = None) -> None:
+        self.max_turns, self.sampling = max_turns, dict(sampling or {})
+
+    async def run(self, env: Env, llm: Any, row: dict[str, Any] | None = None, *, seed: int | None = None) -> Trajectory:
+        obs, _ = await env.areset(seed=seed, options=row)
+        messages = [{"role": "user", "content": obs}]
+        rewards: list[float] = []
+        for _ in range(self.max_turns):
+            text = await llm.chat(messages, **self.sampling)
+            step = await checked_step(env, text)
+            rewards.append(step.reward)
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(step.obs)}]
+        traj = llm.to_trajectory()
+        traj.set_rewards(rewards)
+        return traj
+
+
+def test_a_user_agent_without_a_turn_discount_is_built_from_config_and_trained_through() -> None:
+    agents.register("returns-user-agent")(UserAgent)
+    envs.register("returns-countdown")(CountdownEnv)
+    try:
+        cfg = load_config(None, ["agent.name=returns-user-agent", "env.name=returns-countdown",
+                                 "env.turn_discount=0.5", "agent.max_turns=3", "sampling.max_new_tokens=4",
+                                 "rollout.batch_size=1", "rollout.group_size=2"])
+        agent = build_agent(cfg, sampling_params(cfg))
+        assert type(agent) is UserAgent and agent.max_turns == 3 and agent.sampling["max_new_tokens"] == 4
+        fn = make_episode_fn(env_factory(cfg), agent, lambda rid: ScriptedLLM(["a", "b", "c"]))
+        with RolloutExecutor(cfg.rollout, episode_fn=fn, rows=[{"i": 0}], turn_discount=cfg.env.turn_discount,
+                             group_filter=lambda group: True) as ex:
+            batch = ex.prepare_batch(timeout=30)
+    finally:
+        agents.remove("returns-user-agent")
+        envs.remove("returns-countdown")
+    trajs = [t for g in batch for t in g]
+    # rewards 1, 2, 3 with env.turn_discount 0.5: G = [2.75, 3.5, 3]
+    assert len(trajs) == 2 and all(t.ok and t.turn_returns == [2.75, 3.5, 3.0] for t in trajs)
+    tensors = collate(trajs, pad_token_id=0)  # what the trainer reads: each generated token its turn's return
+    assert tensors["rewards"].tolist() == [2.75, 2.75]
+    for row, traj in zip(tensors["turn_returns"].tolist(), trajs, strict=True):
+        assert [set(row[start:end]) for start, end in traj.turn_spans] == [{2.75}, {3.5}, {3.0}]

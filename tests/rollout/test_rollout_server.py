@@ -22,7 +22,7 @@ from rollout_support import other_threads, threads_drained
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import ExperimentConfig, RolloutConfig
-from areal_agents.env import Env
+from areal_agents.env import Env, RewardMixin
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerHandle, launch_servers
@@ -41,7 +41,7 @@ def corpus(n: int = 200) -> Iterator[str]:
         yield f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n{a + b}<|im_end|>\n"
 
 
-class FlakyAdditionEnv(Env):
+class FlakyAdditionEnv(RewardMixin, Env):
     """Fault injection: one-turn addition whose ``step`` raises 20% of the time (seeded)."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

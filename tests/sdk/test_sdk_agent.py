@@ -9,9 +9,8 @@ import pytest
 
 from areal_agents import ChatAgent, Env, Trajectory
 from areal_agents.llm import LLM, Generation
+from areal_agents.llm.scripted import CharTokenizer, ScriptedLLM
 from areal_agents.rollout.returns import settle_returns
-from areal_agents.testing import CharTokenizer, ScriptedLLM
-from areal_agents.types import discounted_returns
 
 
 class EchoEnv(Env):
@@ -34,10 +33,9 @@ class EchoEnv(Env):
         return f"obs{self.t}", reward, done, False, {"success": done}
 
 
-def play(env: Env, llm: LLM, **agent_kw: Any) -> Trajectory:
-    """One episode, its return settled with the agent's ``turn_discount`` as the rollout does."""
-    agent = ChatAgent(**agent_kw)
-    return settle_returns(asyncio.run(agent.run(env, llm)), agent.turn_discount)
+def play(env: Env, llm: LLM, gamma: float = 1.0, **agent_kw: Any) -> Trajectory:
+    """One episode, its return settled with the run's turn discount ``gamma`` as the rollout does."""
+    return settle_returns(asyncio.run(ChatAgent(**agent_kw).run(env, llm)), gamma)
 
 
 def test_multi_turn_token_bookkeeping() -> None:
@@ -163,16 +161,17 @@ def test_eos_then_only_the_rest_of_the_turn_end_is_appended() -> None:
 
 def test_turn_discount_hand_computed() -> None:
     # gamma = 0.5 over three turns with rewards 1, 2, 0: return 1 + 0.5*2 + 0.25*0 = 2.0
-    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "no"]), max_turns=3, turn_discount=0.5)
+    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "no"]), max_turns=3, gamma=0.5)
     assert traj.reward == pytest.approx(2.0)
     assert traj.turn_returns == pytest.approx([2.0, 2.0, 0.0])
     # gamma = 1: plain sum.
-    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "ok"]), max_turns=3, turn_discount=1.0)
+    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "ok"]), max_turns=3, gamma=1.0)
     assert traj.reward == pytest.approx(6.0) and traj.turn_returns == pytest.approx([6.0, 5.0, 3.0])
     # single turn: the discount starts at gamma^0.
-    traj = play(EchoEnv(turns=1), ScriptedLLM(["ok"]), max_turns=3, turn_discount=0.3)
+    traj = play(EchoEnv(turns=1), ScriptedLLM(["ok"]), max_turns=3, gamma=0.3)
     assert traj.reward == pytest.approx(1.0) and traj.turn_returns == [1.0]
-    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == (0.25, [0.25, 0.5, 1.0])
+    late = settle_returns(Trajectory(turn_rewards=[0.0, 0.0, 1.0]), 0.5)
+    assert (late.reward, late.turn_returns) == (0.25, [0.25, 0.5, 1.0])
 
 
 def test_env_error_is_recorded_not_raised() -> None:
@@ -212,7 +211,7 @@ def test_aborted_generation_sets_status() -> None:
 
 
 def test_jsonl_round_trip(tmp_path) -> None:
-    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "no"], version=3), max_turns=3, turn_discount=0.9)
+    traj = play(EchoEnv(), ScriptedLLM(["ok", "ok", "no"], version=3), max_turns=3, gamma=0.9)
     path = tmp_path / "rollouts.jsonl"
     path.write_text(traj.to_json() + "\n" + traj.to_json() + "\n")
     back = [Trajectory.from_json(line) for line in path.read_text().splitlines()]
@@ -288,7 +287,7 @@ def test_stop_strings_and_default_sampling() -> None:
 
 
 def test_hf_tokenizer_with_chat_template() -> None:
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
     from transformers import PreTrainedTokenizerFast
 
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE())

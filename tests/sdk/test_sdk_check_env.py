@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 
-from areal_agents import ChatAgent, Env, check_env
-from areal_agents.env import EnvCheckError, EnvCheckWarning
+from areal_agents import ChatAgent, Env, check_env, make_env
+from areal_agents.env import GENERIC_PROBES, TextSpace
+from areal_agents.gym.checker import EnvCheckError, EnvCheckWarning, probe_actions
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.rollout.episode import episode_solved
-from areal_agents.testing import ScriptedLLM
+from areal_agents.rollout.returns import settle_returns
+from areal_agents.types import Trajectory
 
 # -- valid, minimal ---------------------------------------------------------------------------
 
@@ -103,9 +108,12 @@ def test_async_only_env_is_still_checked_for_determinism_and_types() -> None:
 
 def test_the_fallback_is_what_evaluation_does() -> None:
     """An env without 'success': a ChatAgent episode is solved iff its return is positive;
-    one the agent cuts short is not solved, whatever its return."""
-    right = asyncio.run(ChatAgent().run(NoInfo(), ScriptedLLM(["42"])))
-    wrong = asyncio.run(ChatAgent().run(NoInfo(), ScriptedLLM(["41"])))
+    one the agent cuts short is not solved, whatever its return (settled as evaluation settles it)."""
+    def play(agent: ChatAgent, env: Any, replies: list[str]) -> Trajectory:
+        return settle_returns(asyncio.run(agent.run(env, ScriptedLLM(replies))))
+
+    right = play(ChatAgent(), NoInfo(), ["42"])
+    wrong = play(ChatAgent(), NoInfo(), ["41"])
     assert "success" not in right.info and right.reward == 1.0 and episode_solved(right)
     assert "success" not in wrong.info and wrong.reward == 0.0 and not episode_solved(wrong)
 
@@ -113,10 +121,10 @@ def test_the_fallback_is_what_evaluation_does() -> None:
         def step(self, action):
             return "again", 1.0, False, False, {}
 
-    cut = asyncio.run(ChatAgent(max_turns=2).run(Endless(), ScriptedLLM(["42", "42"])))
+    cut = play(ChatAgent(max_turns=2), Endless(), ["42", "42"])
     assert cut.info["end_reason"] == "max_turns" and cut.reward == 2.0
     assert cut.info["success"] is False and not episode_solved(cut)
-    told = asyncio.run(ChatAgent().run(TerminatedOnly(), ScriptedLLM(["a", "b", "c"])))
+    told = play(ChatAgent(), TerminatedOnly(), ["a", "b", "c"])
     assert told.info["success"] is True and episode_solved(told)
 
     class NumpyFailure(NoInfo):  # a NumPy False must stay False in the trajectory, not become "False"
@@ -124,7 +132,7 @@ def test_the_fallback_is_what_evaluation_does() -> None:
             return "", np.float32(1.0), np.bool_(True), False, {"success": np.bool_(False)}
 
     check_env(NumpyFailure())
-    failed = asyncio.run(ChatAgent().run(NumpyFailure(), ScriptedLLM(["42"])))
+    failed = play(ChatAgent(), NumpyFailure(), ["42"])
     assert failed.info["success"] is False and failed.reward == 1.0 and not episode_solved(failed)
 
 
@@ -184,3 +192,69 @@ def test_async_methods_that_disagree_with_the_sync_ones_fail() -> None:
 
     with pytest.raises(EnvCheckError, match=r"areset/astep give different results.*step #0 differs"):
         check_env(Disagrees())
+
+
+# -- probes: the action space's, not the checker's --------------------------------------------
+
+
+class Recording(Env):
+    """Records every reply it is stepped with; ends after 3 replies."""
+
+    action_space = TextSpace(probes=("<move>a</move>", "", "b"))
+
+    def __init__(self) -> None:
+        self.played: list[str] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.turn = 0
+        return "Move.", {}
+
+    def step(self, action):
+        self.played.append(action)
+        self.turn += 1
+        return "Again.", 0.0, self.turn == 3, False, {"success": False}
+
+
+def test_check_env_plays_the_probes_of_the_envs_action_space() -> None:
+    env = Recording()
+    check_env(env)
+    assert env.played == ["<move>a</move>", "", "b"] * 3  # two sync episodes and the async one
+    assert probe_actions(env) == ["<move>a</move>", "", "b"]
+    plain = Recording()
+    plain.action_space = TextSpace()
+    assert probe_actions(plain) == list(GENERIC_PROBES)
+    assert check_env(plain, actions=["x"]) is None and plain.played == ["x"] * 9  # actions= still wins
+
+
+def test_text_space_samples_its_probes_with_its_own_seeded_rng() -> None:
+    space = TextSpace(probes=("a", "b", "c", "d"))
+    space.seed(3)
+    drawn = [space.sample() for _ in range(40)]
+    space.seed(3)
+    assert [space.sample() for _ in range(40)] == drawn
+    assert set(drawn) == {"a", "b", "c", "d"} and all(space.contains(x) for x in drawn)
+    assert TextSpace().sample() in GENERIC_PROBES
+    for bad in ("abc", ["a", 1]):
+        with pytest.raises(TypeError, match=r"^TextSpace: probes must be a sequence of strings"):
+            TextSpace(probes=bad)
+
+
+def test_a_space_that_is_not_text_is_sampled_and_must_give_text() -> None:
+    class Discrete(Recording):
+        action_space = gymnasium.spaces.Discrete(3)
+
+    with pytest.raises(EnvCheckError, match=r"action_space Discrete\(3\) samples non-text actions"):
+        probe_actions(Discrete())
+
+
+@pytest.mark.parametrize("name", ["math", "math-multiturn", "countdown", "guess-number", "python-tool", "unit-convert"])
+def test_every_builtin_env_gives_its_own_probes(name: str) -> None:
+    """The formats an env parses come from the env, so the checker needs to know none of them."""
+    env = make_env(name)
+    try:
+        probes = probe_actions(env)
+        assert tuple(probes) != GENERIC_PROBES and "" in probes
+        check_env(env)
+    finally:
+        env.close()

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from areal_agents import ChatAgent, Env, check_env, make_env
-from areal_agents.env import EnvCheckError
+from areal_agents.gym.checker import EnvCheckError
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.registry import RegistryError, envs
 from areal_agents.rollout.returns import settle_returns
-from areal_agents.testing import ScriptedLLM
 
 BUILTINS = {"math", "math-multiturn", "guess-number", "python-tool", "countdown", "unit-convert"}
 

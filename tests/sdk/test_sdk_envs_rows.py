@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_agents.env import make_env
+from areal_agents.gym.registration import make_env
 
 CASES = [("math", {"prompt": "1+1="}, "answer"), ("python-tool", {"answer": "2"}, "prompt"),
          ("guess-number", {"low": 1}, "target"), ("countdown", {"target": 5}, "numbers")]

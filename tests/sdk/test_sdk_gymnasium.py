@@ -16,8 +16,16 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from areal_agents import register_gymnasium_envs
-from areal_agents.env import Env, TurnLimitedEnv, make_env
-from areal_agents.gym.registration import gymnasium_id
+from areal_agents.env import (
+    DatasetMixin,
+    Env,
+    ReferenceMixin,
+    RewardMixin,
+    TurnLimitedEnv,
+    reference_completion,
+    reference_conversation,
+)
+from areal_agents.gym.registration import gymnasium_id, make_env
 from areal_agents.registry import datasets, envs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +156,7 @@ def test_an_env_without_default_dataset_names_what_to_pass() -> None:
     class NoDataset(_CountingEnv):
         default_dataset = None
 
-    class PlainEnv(Env):
+    class PlainEnv(DatasetMixin, Env):
         def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
             return "", 0.0, True, False, {}
 
@@ -160,3 +168,38 @@ def test_an_env_without_default_dataset_names_what_to_pass() -> None:
         NoDataset().reset(options={})  # without a dataset to draw from, {} is a row, checked as one
     with pytest.raises(ValueError, match=r"PlainEnv\.reset\(\) needs options=<dataset row>"):
         PlainEnv().sample_row()
+
+
+def test_env_is_gymnasiums_contract_and_the_rest_are_mixins() -> None:
+    """``Env`` adds to ``gymnasium.Env`` only the async variants (and text spaces): datasets,
+    rewards and warm-start references are each a mixin of their own, which an env lists."""
+    added = {name for name in vars(Env) if not name.startswith("_")} - set(dir(gymnasium.Env))
+    assert added == {"areset", "astep", "observation_space", "action_space"}  # gymnasium.Env only annotates the spaces
+    assert {name for name in vars(Env) if not name.startswith("_")} == {
+        "reset", "step", "areset", "astep", "close", "observation_space", "action_space"}
+    for name in ("default_dataset", "resolve_row", "compute_reward", "reward_runner", "reference_completion",
+                 "reference_conversation", "default_config", "tools"):
+        assert not hasattr(Env, name), name
+    assert {"resolve_row", "sample_row", "dataset_kwargs_for", "default_dataset"} <= set(vars(DatasetMixin))
+    assert {"compute_reward", "acompute_reward", "reward_runner"} <= set(vars(RewardMixin))
+    assert {"reference_completion", "reference_conversation"} == {n for n in vars(ReferenceMixin) if not n.startswith("_")}
+    assert issubclass(TurnLimitedEnv, DatasetMixin)
+
+
+def test_references_are_read_from_any_env_that_has_them() -> None:
+    class Bare(Env):
+        pass
+
+    class WithMixin(ReferenceMixin, Env):
+        def reference_completion(self, row: dict[str, Any]) -> str | None:
+            return row["answer"]
+
+    class DuckTyped(Env):  # the methods without the mixin: still read
+        def reference_conversation(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+            return [{"role": "assistant", "content": row["answer"]}]
+
+    row = {"answer": "7"}
+    assert (reference_completion(Bare(), row), reference_conversation(Bare(), row)) == (None, None)
+    assert (reference_completion(WithMixin(), row), reference_conversation(WithMixin(), row)) == ("7", None)
+    assert reference_conversation(DuckTyped(), row) == [{"role": "assistant", "content": "7"}]
+    assert reference_completion(DuckTyped(), row) is None

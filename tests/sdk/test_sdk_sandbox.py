@@ -40,12 +40,53 @@ def test_ten_gigabyte_allocation_is_a_memory_error() -> None:
     assert r.exit_code == 1 and "MemoryError" in r.stderr
 
 
-def test_network_connect_fails() -> None:
-    r = run_python(
-        "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))", timeout_s=5
+def test_the_network_is_cut_even_to_the_hosts_loopback() -> None:
+    """A real TCP server on the host's 127.0.0.1: an unsandboxed child reaches it, a sandboxed one
+    cannot (its own network namespace), and the server saw exactly the one connection."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[str] = []
+
+    def serve() -> None:
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                data = conn.recv(64).decode()
+                if data == "stop":
+                    return
+                accepted.append(data)
+                conn.sendall(b"pong")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    code = (
+        "import errno, socket, sys\n"
+        "s = socket.socket()\n"
+        "s.settimeout(10)\n"
+        "try:\n"
+        f"    s.connect(('127.0.0.1', {port}))\n"
+        "except OSError as e:\n"
+        "    print('refused', errno.errorcode.get(e.errno, e.errno))\n"
+        "    sys.exit(1)\n"
+        "s.sendall(sys.argv[0].encode() and b'ping')\n"
+        "print('reply', s.recv(4).decode())\n"
     )
-    _assert_isolated(r)
-    assert r.exit_code == 1 and "Network is unreachable" in r.stderr
+    try:
+        open_child = run_python(code, timeout_s=20, isolate=False)
+        sandboxed = run_python(code, timeout_s=20)
+    finally:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stop:
+            stop.sendall(b"stop")
+        thread.join(10)
+        server.close()
+    assert open_child.ok and open_child.stdout.split() == ["reply", "pong"], open_child.stderr
+    _assert_isolated(sandboxed)
+    assert sandboxed.exit_code == 1 and sandboxed.stdout.split()[0] == "refused", sandboxed.stdout + sandboxed.stderr
+    assert sandboxed.stdout.split()[1] in ("ENETUNREACH", "ECONNREFUSED"), sandboxed.stdout
+    assert accepted == ["ping"]  # the unsandboxed child's connection only
 
 
 def test_host_files_and_processes_are_hidden() -> None:
@@ -70,24 +111,40 @@ def test_host_files_and_processes_are_hidden() -> None:
 def test_escaped_background_process_dies_with_the_sandbox() -> None:
     marker = f"areal-sandbox-escape-{os.getpid()}-{time.monotonic_ns()}"
     code = (
-        "import os, time\n"
-        "if os.fork() == 0:\n"
+        "import os, sys, time\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
         "    os.setsid()\n"
-        f"    os.execv('/bin/sleep', ['/bin/sleep', '30', {marker!r}])\n"
-        "time.sleep(0.3)\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}])\n"
+        "deadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline:  # until the escaped process runs\n"
+        "    try:\n"
+        f"        if {marker!r}.encode() in open(f'/proc/{{child}}/cmdline', 'rb').read():\n"
+        "            print('escaped', flush=True)\n"
+        "            break\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    time.sleep(0.01)\n"
     )
-    r = run_python(code, timeout_s=5)
+    r = run_python(code, timeout_s=30)
     _assert_isolated(r)
-    time.sleep(0.3)
-    survivors = []
+    assert r.stdout.split() == ["escaped"], r.stdout + r.stderr  # it was running when the sandbox ended
+    deadline = time.monotonic() + 10  # the sandbox's pid namespace is torn down as it ends
+    while (survivors := _processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert survivors == []
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
     for path in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             with open(path, "rb") as fh:
                 if marker.encode() in fh.read():
-                    survivors.append(path)
+                    found.append(path)
         except OSError:
             pass
-    assert survivors == []
+    return found
 
 
 def test_output_and_file_size_limits() -> None:
@@ -104,22 +161,43 @@ def test_without_namespaces_the_result_says_so() -> None:
 
 
 def test_a_fork_bomb_does_not_starve_a_concurrent_sandbox() -> None:
+    """A second sandbox runs while a fork bomb is at its process limit. The bomb marks reaching the
+    limit with a file in its own work dir (the host sees it) and stops once the host writes ``done``."""
     import threading
 
+    marker = f"at-limit-{os.getpid()}-{time.monotonic_ns()}"
+    bomb_code = (
+        "import os, time\n"
+        "while not os.path.exists('done'):\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        f"        open({marker!r}, 'w').close()\n"
+        "        time.sleep(0.01)\n"
+    )
     results = {}
 
     def bomb() -> None:
-        results["bomb"] = run_python("import os, time\nwhile True:\n    try:\n        os.fork()\n"
-                                     "    except OSError:\n        time.sleep(0.01)", timeout_s=4, max_procs=16)
+        results["bomb"] = run_python(bomb_code, timeout_s=120, max_procs=16)
 
     thread = threading.Thread(target=bomb)
     thread.start()
-    time.sleep(1.0)  # the bomb is at its process limit now
-    r = run_python("import subprocess\nprint(subprocess.run(['/bin/echo', 'fine'], capture_output=True).stdout)",
-                   max_procs=16)
-    thread.join()
+    pattern = os.path.join(tempfile.gettempdir(), "areal-sandbox-*", marker)
+    deadline = time.monotonic() + 60
+    while not (at_limit := glob.glob(pattern)) and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert at_limit, "the bomb never reached its process limit"
+        r = run_python("import subprocess\nprint(subprocess.run(['/bin/echo', 'fine'], capture_output=True).stdout)",
+                       max_procs=16)
+        still_at_limit = bool(glob.glob(pattern)) and thread.is_alive()
+    finally:
+        for path in at_limit:
+            open(os.path.join(os.path.dirname(path), "done"), "w").close()
+        thread.join()
     assert r.ok and "fine" in r.stdout, r.stderr
-    assert results["bomb"].timed_out
+    assert still_at_limit  # the bomb was still running, at its limit, all along
+    assert results["bomb"].exit_code is not None and not results["bomb"].timed_out  # it stopped on "done"
 
 
 def test_every_top_level_directory_but_the_system_ones_is_empty_inside() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from areal_agents import ChatAgent, Env, Trajectory, check_env
-from areal_agents.env import EnvCheckError
+from areal_agents.gym.checker import EnvCheckError
 from areal_agents.llm import observation_key, tokens_key
-from areal_agents.testing import CharTokenizer, ScriptedLLM
+from areal_agents.llm.scripted import CharTokenizer, ScriptedLLM
 
 
 class RetryEnv(Env):

@@ -14,10 +14,10 @@ from areal_agents import ChatAgent, make_env
 from areal_agents.config.loader import explain_config, load_config
 from areal_agents.llm import Generation
 from areal_agents.llm.reference import reference_trajectory
+from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
-from areal_agents.testing import ScriptedLLM
 from envs.unit_convert import UnitConvertEnv, convert, run_tool, unit_convert_agent, unit_convert_dataset
 from trainers.sft import _corpus_text, exact_match_accuracy, render_examples
 from trainers.tiny_model import build_tiny_model
@@ -119,7 +119,7 @@ def test_chat_agent_takes_the_envs_tools_and_parses_calls(tokenizer: Any) -> Non
     llm = ScriptedLLM([call or "", row["answer"]], tokenizer)
     traj = asyncio.run(ChatAgent(max_turns=3).run(env, llm, dict(row)))
     assert traj.status == "ok" and traj.info["success"] is True and traj.info["num_tool_calls"] == 1
-    assert traj.num_turns == 2 and traj.reward == 1.0
+    assert traj.num_turns == 2 and traj.turn_rewards == [0.0, 1.0]
     assert "<tools>" in traj.prompt_text  # the env's tool specs were rendered
     (_, first_end), (second, _) = traj.turn_spans
     assert row["answer"] in tokenizer.decode(traj.input_ids[first_end:second])

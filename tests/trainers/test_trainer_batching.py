@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trainer_helpers import make_trajs
 
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 from trainers.batching import collate, concat_batches, load_trajectories, micro_batch_indices, rank_indices, select
 
@@ -20,7 +21,8 @@ from trainers.batching import collate, concat_batches, load_trajectories, micro_
 def test_collate_fields() -> None:
     t = Trajectory(input_ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 1, 1, 0, 1, 1], logprobs=[0, -0.1, -0.2, 0, -0.3, -0.4],
                    versions=[-1, 3, 3, -1, 4, 4], turn_spans=[(1, 3), (4, 6)], group_id="a", finish_reason="length")
-    t.set_rewards([1.0, 2.0], 0.5)  # returns G = [2.0, 2.0]
+    t.set_rewards([1.0, 2.0])
+    settle_returns(t, 0.5)  # returns G = [2.0, 2.0]
     u = Trajectory(input_ids=[1, 2, 3], loss_mask=[0, 0, 1], logprobs=[0, 0, -1.0], versions=[-1, -1, 0],
                    turn_spans=[(2, 3)], group_id="b", reward=0.5, turn_returns=[0.5])
     b = collate([t, u], pad_token_id=99)
@@ -64,7 +66,7 @@ def test_recorded_keys_reach_the_step_advantage() -> None:
     from algorithms.advantages import step_advantages
     from areal_agents import ChatAgent
     from areal_agents.config import AlgorithmConfig
-    from areal_agents.testing import ScriptedLLM
+    from areal_agents.llm.scripted import ScriptedLLM
     from envs.math_multiturn import MultiTurnMathEnv
 
     row = {"prompt": "1+1=", "answer": "2"}

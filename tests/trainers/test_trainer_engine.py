@@ -22,6 +22,7 @@ from trainer_helpers import (
     train_worker,
 )
 
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 from trainers.dist import spawn
 from trainers.engine import TrainEngine, lr_lambda, token_logprobs
@@ -226,14 +227,14 @@ def test_mismatch_weight_metrics_of_a_train_step(model_dir: Path, tmp_path: Path
         runs.append(torch.load(tmp_path / "two.pt"))
     assert one["n_mbs"] == 1 and many["n_mbs"] > 2 and set(WEIGHT_METRIC_NAMES) <= set(one)
     assert bool(capped.any()) and not bool(capped[mask].all())
-    expected = {"train/behave_imp_weight": float(w.sum()) / float(mask.sum()),
-                "train/behave_imp_weight_max": float(w[mask].max()), "train/behave_imp_weight_min": float(w[mask].min()),
-                "train/behave_imp_weight_capped_frac": float(capped.sum()) / float(mask.sum())}
+    expected = {"train/behav_imp_weight": float(w.sum()) / float(mask.sum()),
+                "train/behav_imp_weight_max": float(w[mask].max()), "train/behav_imp_weight_min": float(w[mask].min()),
+                "train/behav_imp_weight_capped_frac": float(capped.sum()) / float(mask.sum())}
     for run in runs:
         for k, v in expected.items():
             assert run[k] == pytest.approx(v, rel=1e-4), k
     # the decoupled loss (make_cfg's algorithm) keeps its own names for the weight it applies
-    assert one["train/imp_weight_mean"] == one["train/behave_imp_weight"]
+    assert one["train/imp_weight_mean"] == one["train/behav_imp_weight"]
 
 
 def test_bfloat16_mixed_precision_keeps_float32_master_weights(model_dir: Path) -> None:
@@ -265,7 +266,8 @@ def _groups_sharing_prompts(n_groups: int, size: int, seed: int) -> list[Traject
                 mask += [1] * len(turn)
             traj = Trajectory(input_ids=ids, loss_mask=mask, logprobs=[-rng.random() if m else 0.0 for m in mask],
                               versions=[0 if m else -1 for m in mask], turn_spans=spans, group_id=f"g{g}")
-            traj.set_rewards([rng.random() for _ in spans], 0.9)
+            traj.set_rewards([rng.random() for _ in spans])
+            settle_returns(traj, 0.9)  # as the rollout leaves it
             out.append(traj)
     return out
 
@@ -287,7 +289,8 @@ def _games(shared_turns: int, seed: int, turns: int | None = None) -> list[Traje
                 mask += [1, 1, 1] + [0] * 8
             traj = Trajectory(input_ids=ids, loss_mask=mask, logprobs=[-0.5 if m else 0.0 for m in mask],
                               versions=[0 if m else -1 for m in mask], turn_spans=spans, group_id=f"g{g}")
-            traj.set_rewards([0.0] * (len(spans) - 1) + [1.0], 1.0)
+            traj.set_rewards([0.0] * (len(spans) - 1) + [1.0])
+            settle_returns(traj)
             trajs.append(traj)
     return trajs
 

@@ -20,6 +20,7 @@ from trainer_helpers import make_cfg, nll_loss_fn
 from areal_agents.config import LoraConfig
 from areal_agents.inference import control
 from areal_agents.inference.launcher import free_port
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 from trainers.engine import TrainEngine
 from trainers.tiny_model import build_tiny_model
@@ -75,7 +76,8 @@ def batch(seed: int, vocab: int) -> list[Trajectory]:
         ids = [rng.randrange(3, vocab) for _ in range(rng.randint(8, 20))]
         mask = [0] * 4 + [1] * (len(ids) - 4)
         t = Trajectory(input_ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids), versions=[0] * len(ids))
-        t.set_rewards([rng.random()], 1.0)
+        t.set_rewards([rng.random()])
+        settle_returns(t)
         out.append(t)
     return out
 

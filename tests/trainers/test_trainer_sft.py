@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,17 +113,15 @@ def test_warm_start_learns_two_digit_addition(tmp_path: Path, monkeypatch: pytes
     """The default SFT budget takes the tiny model from ~0 to >= 50% greedy accuracy."""
     monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
     cfg = load_config(None, ["env.name=math", "data.test_size=100"])
-    t0 = time.monotonic()
     path = ensure_warm_model(cfg, progress=False)
-    elapsed = time.monotonic() - t0
     report = json.loads((path / "sft_report.json").read_text())
     accs = [e["acc"] for e in report["evals"]]
-    print(f"warm start: {elapsed:.0f}s, greedy accuracy by eval: {accs}")
+    print(f"warm start: {report.get('seconds')} s, greedy accuracy by eval: {accs}")
     assert report["evals"][-1]["step"] == cfg.sft.steps
     assert accs[-1] >= 0.5
-    t1 = time.monotonic()
-    assert ensure_warm_model(cfg, progress=False) == path  # cached
-    assert time.monotonic() - t1 < 30
+    made = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_warm_model(cfg, progress=False) == path  # cached: not trained again
+    assert (path / "model.safetensors").stat().st_mtime_ns == made and json.loads((path / "sft_report.json").read_text()) == report
 
 
 def test_warm_start_cache_key_follows_training_rows_not_eval_settings(tmp_path: Path,
@@ -160,7 +157,7 @@ def test_the_tokenizer_corpus_has_what_an_env_answers_to_wrong_replies() -> None
     """A multi-turn env's feedback to wrong replies (which no reference game shows) is in the tiny
     tokenizer's corpus, so it is learned as words, not spelled byte by byte; a single-turn env adds nothing."""
     from areal_agents.data import load_dataset_rows
-    from areal_agents.env import make_env
+    from areal_agents.gym.registration import make_env
     from trainers.sft import _probe_replies
 
     cfg = load_config(overrides=["env.name=countdown"])

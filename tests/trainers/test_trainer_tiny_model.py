@@ -127,7 +127,7 @@ def test_readme_figures_of_the_default_model_are_the_code_s(tmp_path: Path) -> N
 
     from areal_agents.config.loader import load_config
     from areal_agents.data import load_dataset_rows
-    from areal_agents.env import make_env
+    from areal_agents.gym.registration import make_env
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     stated = re.search(r"tiny model \(([\d,]+) parameters, (\d+)-token byte-level BPE\)", readme)

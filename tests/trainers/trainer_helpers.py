@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from areal_agents.config import ActorConfig, ExperimentConfig, TrainerConfig
+from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
 
 __all__ = ["VOCAB", "hsdp_worker", "linear_adam", "make_cfg", "make_trajs", "mismatch_step", "mismatch_worker",
@@ -51,7 +52,8 @@ def make_trajs(n: int, seed: int = 0, min_len: int = 6, max_len: int = 40) -> li
                           logprobs=[-rng.random() if m else 0.0 for m in mask],
                           versions=[0 if m else -1 for m in mask], turn_spans=spans,
                           group_id=f"g{i // 4}", finish_reason=rng.choice(["stop", "length"]))
-        traj.set_rewards([rng.random() for _ in spans], 0.9)
+        traj.set_rewards([rng.random() for _ in spans])
+        settle_returns(traj, 0.9)  # as the rollout leaves it
         out.append(traj)
     return out
 
@@ -103,16 +105,16 @@ def train_worker(rank: int, world: int, model_path: str, out_file: str, steps: i
 
 def mismatch_step(model_path: str | Path, nproc: int, budget: int, mode: str, correction: str
                   ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One decoupled-PPO step with ``behave_imp_weight_mode=mode`` (cap 1.5) on trajectories whose
+    """One decoupled-PPO step with ``behav_imp_weight_mode=mode`` (cap 1.5) on trajectories whose
     behaviour logprobs are the trainer's off by ~.3 nat per token (enough to reach the cap at
     times). Returns (the step's metrics, and the weights ``[B, T]``, capped ``[B, T]`` and mask
     ``[B, T]`` the same logprobs give)."""
-    from algorithms.importance import behave_importance_weights
+    from algorithms.importance import behav_importance_weights
     from algorithms.losses import ppo_loss
     from trainers.engine import TrainEngine
 
     cfg = make_cfg(nproc=nproc, max_tokens_per_mb=budget)
-    cfg.algorithm.behave_imp_weight_mode, cfg.algorithm.behave_imp_weight_correction = mode, correction
+    cfg.algorithm.behav_imp_weight_mode, cfg.algorithm.behav_imp_weight_correction = mode, correction
     cfg.algorithm.behav_imp_weight_cap = 1.5
     engine = TrainEngine(cfg, model_path)
     batch = engine.to_batch(make_trajs(12, seed=13))
@@ -121,8 +123,8 @@ def mismatch_step(model_path: str | Path, nproc: int, budget: int, mode: str, co
     trainer = engine.compute_logprobs(batch, 1.0)
     batch["logprobs"] = torch.where(mask, trainer + 0.3 * torch.randn(trainer.shape, generator=g), 0.0)
     batch["advantages"] = torch.where(mask, torch.randn(trainer.shape, generator=g), 0.0)
-    w, capped = behave_importance_weights(trainer, batch["logprobs"], mask, cfg.algorithm.imp_weight_mode,
-                                          correction, 1.5)
+    w, capped = behav_importance_weights(trainer, batch["logprobs"], mask, cfg.algorithm.imp_weight_mode,
+                                         correction, 1.5)
     return engine.train_batch(batch, ppo_loss, temperature=1.0, detached_logp_key="prox_logp"), w, capped, mask
 
 

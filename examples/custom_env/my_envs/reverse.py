@@ -3,7 +3,7 @@ import itertools
 import random
 import zlib
 
-from areal_agents import Env
+from areal_agents import DatasetMixin, Env, ReferenceMixin, RewardMixin
 
 
 def reverse_reward(completion: str, answer: str = "", **row) -> float:
@@ -20,8 +20,8 @@ def reverse_dataset(split: str = "train", *, size: int | None = None, seed: int 
     return [{"prompt": f"reverse {w}", "answer": w[::-1]} for w in picked]
 
 
-class ReverseEnv(Env):
-    default_dataset = "reverse"
+class ReverseEnv(DatasetMixin, RewardMixin, ReferenceMixin, Env):
+    default_dataset = "reverse"  # DatasetMixin: rows of a registered dataset
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

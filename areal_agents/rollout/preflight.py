@@ -1,8 +1,9 @@
 """Check the user's env, reward and agent in seconds, before a run builds a model or starts a server.
 
-``areal-agents run`` calls :func:`preflight` first. On one row of the training data it builds
-the env, resets and steps it with the env's reference completion (which calls its reward),
-runs :func:`~areal_agents.env.check_env`, then builds the agent and plays one episode against a
+``areal-agents run`` calls :func:`preflight` once, before it hands the run to the trainer (a
+rank that ``torchrun`` or Ray started skips it: its launcher checked). On one row of the
+training data it builds the env, resets and steps it with the env's reference completion (which calls its reward),
+runs :func:`~areal_agents.gym.checker.check_env`, then builds the agent and plays one episode against a
 :class:`~areal_agents.llm.scripted.ScriptedLLM` (a scripted model with a character tokenizer: the
 agent's code runs, no model does). A failure is a :class:`PreflightError` whose one-line
 message names the component, the cause and the line of the user's code, e.g.
@@ -13,15 +14,15 @@ is chained to it, so ``AREAL_AGENTS_TRACEBACK=1`` shows the whole traceback.
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.data import load_dataset_rows
-from areal_agents.failures import blame, describe, failure_cause, function_location
-from areal_agents.gym.checker import DEFAULT_PROBE_ACTIONS, EnvCheckError, check_env
+from areal_agents.env import reference_completion
+from areal_agents.failures import UserError, blame, describe, failure_cause, function_location
+from areal_agents.gym.checker import EnvCheckError, check_env, probe_actions
 from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.registry import agents, envs
 from areal_agents.rewards import RewardRunner
@@ -34,10 +35,10 @@ __all__ = ["PreflightError", "preflight"]
 T = TypeVar("T")
 
 
-class PreflightError(Exception):
+class PreflightError(UserError):
     """The user's env, agent or reward failed the checks before the run; the message names it."""
 
-    names_its_cause = True  # the CLI prints the message alone
+    names_its_cause = True  # the command line prints the message alone
 
 
 def _call(what: str, fn: Callable[..., T], *args: Any, fallback: Any = None, **kwargs: Any) -> T:
@@ -60,14 +61,15 @@ def _check_env_and_reward(cfg: ExperimentConfig, row: dict[str, Any], rewards: R
     env = _call(f"{label}: constructing it", env_factory(cfg, rewards), fallback=envs.get(cfg.env.name))
     try:
         _call(f"{label}: reset", env.reset, seed=cfg.seed, options=dict(row))
-        reference = _call(f"{label}: reference_completion", env.reference_completion, dict(row))
-        reply = reference if isinstance(reference, str) and reference else DEFAULT_PROBE_ACTIONS[0]
+        reference = _call(f"{label}: reference_completion", reference_completion, env, dict(row))
+        probes = probe_actions(env, seed=cfg.seed)
+        reply = reference if isinstance(reference, str) and reference else probes[0]
         out = _call(f"{label}: step", env.step, reply)
         info = out[4] if isinstance(out, tuple) and len(out) == 5 and isinstance(out[4], dict) else {}
         if info.get("reward_status") in ("reward_error", "timeout"):
             raise PreflightError(str(info.get("reward_error") or f"{label}: its reward failed"))
         try:
-            check_env(env, seed=cfg.seed, options=dict(row), actions=[reply, *DEFAULT_PROBE_ACTIONS])
+            check_env(env, seed=cfg.seed, options=dict(row), actions=[reply, *probes])
         except EnvCheckError as exc:
             where = function_location(type(env))
             raise PreflightError(f"{label}: {exc}" + (f" ({where})" if where else "")) from exc
@@ -82,9 +84,9 @@ def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str, rewards
     """Build the agent and play one episode of ``row`` against a scripted model."""
     label = f"agent {cfg.agent.name!r}"
     agent = _call(f"{label}: constructing it", build_agent, cfg, sampling_params(cfg), fallback=agents.get(cfg.agent.name))
-    replies = itertools.chain([reply], itertools.cycle(DEFAULT_PROBE_ACTIONS))
-    llm = ScriptedLLM(lambda messages: next(replies))
     env = env_factory(cfg, rewards)()
+    replies = itertools.chain([reply], itertools.cycle(probe_actions(env, seed=cfg.seed)))
+    llm = ScriptedLLM(lambda messages: next(replies))
     timeout = cfg.rollout.episode_timeout
     where = function_location(type(agent))
     try:
@@ -111,18 +113,13 @@ def preflight(cfg: ExperimentConfig) -> None:
     """Check the env, its reward and the agent of ``cfg`` on one training row (see the module doc).
 
     Raises :class:`PreflightError` (or the dataset's ``DatasetError``) with one line; does
-    nothing in ``mode=train``, which plays no episodes, or for a config that passed already in
-    this process (the command line checks before it loads the trainer, the trainer again).
+    nothing in ``mode=train``, which plays no episodes.
     """
     check_not_in_worker()
-    if cfg.mode == "train" or cfg in _PASSED:
+    if cfg.mode == "train":
         return
     rows = load_dataset_rows(cfg, "train")
     if not rows:
         raise PreflightError(f"env {cfg.env.name!r}: the training data has no rows")
     with RewardRunner(timeout=cfg.rollout.reward_timeout, max_workers=1) as rewards:
         _check_agent(cfg, rows[0], _check_env_and_reward(cfg, rows[0], rewards), rewards)
-    _PASSED.append(copy.deepcopy(cfg))
-
-
-_PASSED: list[ExperimentConfig] = []
