@@ -180,7 +180,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     cfg, sources = explain_config(args.config, config_overrides(args))
     table = Table(title=f"Config of a run with env {cfg.env.name}, algorithm {cfg.algorithm.name} (from: default = "
-                  "the dataclass, algorithm NAME = the algorithm's defaults, yaml = --config, override = key=value)",
+                  "the dataclass, algorithm NAME = the algorithm's defaults, env NAME = the env's default_config, "
+                  "recipe NAME = the env's recipe, yaml = --config, override = key=value)",
                   title_justify="left")
     for col in ("key", "value", "from", "help"):
         table.add_column(col, overflow="fold", no_wrap=col != "help")

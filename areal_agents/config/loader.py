@@ -246,7 +246,7 @@ def env_presets(name: str) -> list[tuple[str, dict[str, Any]]]:
             if key.split(".")[0] not in ENV_LEVEL_SECTIONS:
                 raise ConfigError(key, f"env {name!r} ({getattr(cls, '__qualname__', cls)}.default_config) may set only "
                                        "env.*, agent.* and sampling.* keys; put run-level keys in a recipe "
-                                       f"(recipes/{name}.yaml next to the env's package) or in your --config")
+                                       f"(recipes/{name}.yaml in the package that defines the env) or in your --config")
         presets.append((f"env {name}", defaults))
     path = recipe_path(name)
     if path is not None:

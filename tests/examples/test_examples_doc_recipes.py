@@ -294,7 +294,8 @@ def test_algorithms_doc_registration_applies_its_defaults(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_readme_env_trains_through_imports(tmp_path: Path) -> None:
-    (tmp_path / "my_env.py").write_text(block("README.md", "python", "from areal_agents import Env, register_env, "
+    (tmp_path / "my_env.py").write_text(block("README.md", "python", "from areal_agents import DatasetMixin, Env, "
+                                                                       "ReferenceMixin, RewardMixin, register_env, "
                                                                        "register_reward"))
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     cmd = shlex.split(re.search(r"train it with `(areal-agents run --env shout [^`]+)`", readme).group(1))

@@ -68,7 +68,8 @@ def test_the_episode_endpoint_answers_an_unanswered_request_with_an_error(silent
     errors: list[openai.APIStatusError] = []
 
     async def agent(client: Any, row: dict[str, Any]) -> None:
-        async with openai.AsyncOpenAI(base_url=await client.http_endpoint(), api_key="x", max_retries=0) as oc:
+        async with openai.AsyncOpenAI(base_url=await client.http_endpoint(), api_key=client.api_key,
+                                      max_retries=0) as oc:
             try:
                 await oc.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+1?"}])
             except openai.APIStatusError as exc:

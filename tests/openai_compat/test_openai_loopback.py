@@ -1,6 +1,7 @@
-"""The loopback endpoint shared by a loop's episodes: one server, each episode under its own key
-(path or API key), requests of a finished episode cancelled, the server gone with its loop,
-and agents' unclosed clients closed on their own loop (no ``Event loop is closed`` noise)."""
+"""The loopback endpoint shared by a loop's episodes: one server and one base URL, each episode
+under its own key (API key or path), requests of a finished episode cancelled, the server gone
+with its loop, and agents' clients, unclosed or kept past the loop, left holding nothing bound to
+it (no ``Event loop is closed`` noise)."""
 
 from __future__ import annotations
 
@@ -72,19 +73,18 @@ def test_episodes_share_one_server_under_their_own_keys(tokenizer: Any) -> None:
     async def agent(client: Any, row: dict[str, Any]) -> None:
         url = await client.http_endpoint()
         seen.append((url, client.api_key))
-        async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as oc:  # key in the path
+        async with openai.AsyncOpenAI(base_url=url, api_key=client.api_key, max_retries=0) as oc:
             reply = await oc.chat.completions.create(model="policy", messages=USER)
         assert reply.choices[0].message.content == "42"
-        root = url.rsplit("/", 2)[0] + "/v1"  # the same server, the key as the API key instead
-        async with openai.AsyncOpenAI(base_url=root, api_key=client.api_key, max_retries=0) as oc:
+        keyed = url.removesuffix("/v1") + f"/{client.api_key}/v1"  # the same server, the key in the path instead
+        async with openai.AsyncOpenAI(base_url=keyed, api_key="unused", max_retries=0) as oc:
             await oc.chat.completions.create(model="policy", messages=USER)
 
     trajs = play(tokenizer, agent, 12)
     assert [t.status for t in trajs] == ["ok"] * 12
     assert all(t.info["num_calls"] == 2 for t in trajs)  # both routes reached the episode's own session
-    servers = {url.rsplit("/", 2)[0] for url, _ in seen}
-    assert len(servers) == 1 and len({key for _, key in seen}) == 12
-    assert all(url.endswith(f"/{key}/v1") for url, key in seen)
+    assert len({url for url, _ in seen}) == 1 and len({key for _, key in seen}) == 12  # one URL, a key each
+    assert next(iter(seen))[0].endswith("/v1")
 
 
 def test_one_client_per_process_on_its_aiohttp_transport_reaches_each_episode(tokenizer: Any) -> None:
@@ -116,18 +116,26 @@ def test_one_client_per_process_on_its_aiohttp_transport_reaches_each_episode(to
 def test_a_finished_episode_key_is_refused_and_the_server_ends_with_its_loop(tokenizer: Any) -> None:
     urls: list[str] = []
 
+    keys: list[str] = []
+
     async def agent(client: Any, row: dict[str, Any]) -> None:
         urls.append(await client.http_endpoint())
+        keys.append(client.api_key)
         await client.chat.completions.create(model="policy", messages=USER)
 
-    async def main() -> tuple[int, str]:
+    async def main() -> list[tuple[int, str]]:
         fn = make_episode_fn(Echo, OpenAIAgent(agent), lambda rid: InstantLLM(tokenizer))
         assert (await fn({"prompt": "q"}, 0, "ep")).status == "ok"
-        async with httpx.AsyncClient() as http:  # the episode is over: its key no longer routes
-            reply = await http.post(urls[0] + "/chat/completions", json={"model": "p", "messages": USER})
-        return reply.status_code, reply.json()["error"]["code"]
+        codes = []
+        async with httpx.AsyncClient() as http:  # the episode is over: its key no longer routes, in either place
+            for url, headers in [(urls[0], {"Authorization": f"Bearer {keys[0]}"}),
+                                 (urls[0].removesuffix("/v1") + f"/{keys[0]}/v1", {})]:
+                reply = await http.post(url + "/chat/completions", json={"model": "p", "messages": USER},
+                                        headers=headers)
+                codes.append((reply.status_code, reply.json()["error"]["code"]))
+        return codes
 
-    assert asyncio.run(main()) == (401, "invalid_api_key")
+    assert asyncio.run(main()) == [(401, "invalid_api_key")] * 2
     with pytest.raises(httpx.ConnectError):  # asyncio.run finalized the loop, and the server with it
         httpx.post(urls[0] + "/chat/completions", json={"model": "p", "messages": USER}, timeout=5)
 
@@ -147,7 +155,7 @@ def test_an_ended_episode_cancels_its_requests_in_flight(tokenizer: Any) -> None
 
     async def agent(client: Any, row: dict[str, Any]) -> float:
         url = await client.http_endpoint()
-        oc = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        oc = openai.AsyncOpenAI(base_url=url, api_key=client.api_key, max_retries=0)
         call = asyncio.ensure_future(oc.chat.completions.create(model="policy", messages=USER))
         await state["started"].wait()
         state["call"], state["client"] = call, oc
@@ -166,8 +174,6 @@ def test_an_ended_episode_cancels_its_requests_in_flight(tokenizer: Any) -> None
     assert state["cancelled"] is True
 
 
-# the agent leaks its client on purpose, and Python warns of the leaked sockets when it collects them
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_unclosed_agent_clients_leave_no_event_loop_errors(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
     async def agent(client: Any, row: dict[str, Any]) -> None:  # like many framework agents: never closes it
         oc = openai.AsyncOpenAI(base_url=await client.http_endpoint(), api_key=client.api_key, max_retries=0)
@@ -177,6 +183,28 @@ def test_unclosed_agent_clients_leave_no_event_loop_errors(tokenizer: Any, caplo
         for _ in range(3):  # each eval on a loop of its own, as run_eval does
             assert {t.status for t in play(tokenizer, agent, 16)} == {"ok"}
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or "closed" in r.getMessage()]
+
+
+def test_a_client_kept_past_its_loop_closes_and_serves_on_later_loops(tokenizer: Any,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A client that outlives the loop it was used on, as in a framework's cache (LangChain keeps
+    one HTTP client per base URL): its connections were opened on that loop, and the endpoint
+    closes them there when the loop ends, so the client serves the next loop's episodes and
+    closes on yet another loop without touching a closed one."""
+    kept: dict[str, openai.AsyncOpenAI] = {}
+
+    async def agent(client: Any, row: dict[str, Any]) -> None:
+        url = await client.http_endpoint()
+        if "client" not in kept:
+            kept["client"] = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+        oc = kept["client"].with_options(base_url=url, api_key=client.api_key)
+        await oc.chat.completions.create(model="policy", messages=USER)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for _ in range(3):  # each eval on a loop of its own, as run_eval does
+            assert {t.status for t in play(tokenizer, agent, 4)} == {"ok"}
+        asyncio.run(kept["client"].close())  # raised "Event loop is closed" when a connection was left open
+    assert not [r.getMessage() for r in caplog.records]
 
 
 def test_close_loop_endpoint_stops_serving_now(tokenizer: Any, tmp_path: Path) -> None:

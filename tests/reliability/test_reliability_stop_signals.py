@@ -79,7 +79,8 @@ def test_a_signal_ends_the_run_in_any_phase(tmp_path: Path, phase: str, sig: sig
     try:
         deadline = time.monotonic() + 400
         while proc.poll() is None and time.monotonic() < deadline:  # wait for the phase
-            if marker.exists() if phase != "warm-start" else any(cache.glob("**/*")):  # the SFT is under way
+            # the agent is stuck in its episode / the base model is written and the SFT on it is under way
+            if marker.exists() if phase != "warm-start" else any(cache.glob("**/model.safetensors")):
                 break
             time.sleep(0.1)
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()[-3000:]

@@ -284,14 +284,20 @@ def _wait_for_file(path: Path, timeout: float = 60) -> str:
     return path.read_text()
 
 
-def _gone(pid: int, timeout: float = 30) -> bool:
+def _running(pid: int) -> bool:
     import psutil
 
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone(pid: int, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
-            and time.monotonic() < deadline:
+    while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return not _running(pid)
 
 
 def test_n_workers_run_n_rewards_at_once_and_one_worker_runs_them_one_by_one(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -160,6 +161,50 @@ def test_dead_server_is_skipped_then_caught_up(kind: str, model_dir: Path, tmp_p
         finally:
             os.killpg(restarted.pid, signal.SIGKILL)
             restarted.wait(10)
+        sync.close()
+
+
+class _KillsAfterPause(DistributedWeightSync):
+    """Fault injection: SIGKILLs the server process ``victim`` (and waits until it is gone) once
+    the sync's pause has found it up and the group with it is in place, right before the broadcast."""
+
+    victim: subprocess.Popen[bytes] | None = None
+
+    def update_payload(self, state: dict[str, torch.Tensor], version: int,
+                       lora: tuple[str, dict[str, Any]] | None = None) -> Any:
+        if self.victim is not None:
+            assert self.members == self.addresses  # the group formed with both servers is reused
+            os.killpg(self.victim.pid, signal.SIGKILL)
+            self.victim.wait(60)
+            self.victim = None
+        return super().update_payload(state, version, lora)
+
+
+@pytest.mark.timeout(240)  # the group's timeout is an hour: a sync that waited for it is ended here
+def test_a_server_dying_after_the_pause_ends_the_broadcast_at_once(model_dir: Path, tmp_path: Path) -> None:
+    """The surviving server, already waiting in the broadcast, fails as soon as the trainer
+    tears the group down; the version goes through disk; the next sync forms the group anew."""
+    engine = TrainEngine(make_cfg(lr=5e-2), model_dir)
+    trajs = make_trajs(8, seed=4)
+    with launch_servers(ExperimentConfig(), model_dir, 2, log_dir=tmp_path / "logs",
+                        env={"OMP_NUM_THREADS": "1"}) as group:  # fmt: skip
+        addrs = group.addresses
+        sync = _KillsAfterPause(addrs, backend="gloo", timeout_s=3600,
+                                fallback=DiskWeightSync(addrs, tmp_path / "weights"))
+        engine.train_batch(trajs, nll_loss_fn)
+        sync.sync(engine, 1)
+        assert sync.members == addrs and sync.last_error is None
+        sync.victim = group[1].process
+        engine.train_batch(trajs, nll_loss_fn)
+        sync.sync(engine, 2)
+        assert sync.torn_down == 1 and sync.last_error is not None and "goes through disk" in sync.events[-1]
+        assert (tmp_path / "weights" / "v000002").is_dir() and list(sync.down) == addrs[1:]
+        _assert_server_matches_trainer(addrs[0], engine, "2")
+        engine.train_batch(trajs, nll_loss_fn)
+        sync.sync(engine, 3)  # the survivor left the broken group: it joins a new one, without the dead server
+        assert sync.last_error is None and sync.members == addrs[:1] and sync.torn_down == 1
+        assert not (tmp_path / "weights" / "v000003").exists()
+        _assert_server_matches_trainer(addrs[0], engine, "3")
         sync.close()
 
 
