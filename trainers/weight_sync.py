@@ -204,15 +204,21 @@ class DistributedWeightSync(WeightSync):
     def world_size(self, n_servers: int | None = None) -> int:
         return 1 + (len(self.addresses) if n_servers is None else n_servers) * self.server_world
 
-    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None) -> list[protocol.InitGroupBody]:
+    def init_group_payloads(self, servers: Sequence[str] | None = None, port: int | None = None,
+                            timeout_s: float | None = None) -> list[protocol.InitGroupBody]:
         """Body of ``/init_weights_update_group`` for each server, in order (``port``: the
-        trainer's store, ``master_port`` unless given)."""
+        trainer's store, ``master_port`` unless given). With gloo (embedded servers) it carries
+        the group's ``timeout_s``, so that a server waits no longer than the trainer does."""
         servers = self.addresses if servers is None else servers
         port = port or self.master_port or 0
-        return [protocol.init_weights_update_group_payload(
-                    self.master_address, port, 1 + i * self.server_world, self.world_size(len(servers)),
-                    group_name=self.current_name, backend=self.backend)
-                for i in range(len(servers))]
+        bodies = [protocol.init_weights_update_group_payload(
+                      self.master_address, port, 1 + i * self.server_world, self.world_size(len(servers)),
+                      group_name=self.current_name, backend=self.backend)
+                  for i in range(len(servers))]  # fmt: skip
+        if timeout_s is not None and self.backend == "gloo":
+            for body in bodies:
+                body["timeout_s"] = float(timeout_s)
+        return bodies
 
     def update_payload(self, state: dict[str, torch.Tensor], version: int,
                        lora: tuple[str, dict[str, Any]] | None = None) -> protocol.UpdateFromDistributedBody:
@@ -269,7 +275,7 @@ class DistributedWeightSync(WeightSync):
         port = self.master_port or tdist.free_port()
         world = self.world_size(len(servers))
         self._formed += 1  # group names are process-wide in torch (and SGLang): each group a new one
-        payloads = self.init_group_payloads(servers, port)
+        payloads = self.init_group_payloads(servers, port, timeout_s)
 
         def create() -> None:
             self.group = new_weight_group(self.backend, self.master_address, port, world, 0, self.current_name,

@@ -60,7 +60,8 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
 
 
 class WeightGroups:
-    """The weight-update process group this server is in (the newest one it joined).
+    """The weight-update process group this server is in (the newest one it joined); its
+    collectives wait ``timeout_s`` at most, or what the join's ``timeout_s`` says.
 
     Both methods block (run them off the event loop): :meth:`join` until every member of the
     group has joined, :meth:`receive` until the trainer has broadcast every announced tensor.
@@ -84,9 +85,12 @@ class WeightGroups:
         rank = _int(body, "rank_offset", 1, world - 1)
         backend = body.get("backend", "nccl")
         require(backend == "gloo", f"the embedded server runs on CPU: 'backend' must be gloo (got {backend!r})")
+        timeout: Any = body.get("timeout_s", self.timeout_s)
+        require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 86400,
+                "'timeout_s' must be a number of seconds in (0, 86400]")
         require(name != self.name, f"weight update group {name!r} exists already: a new group takes a new name")
         self.leave()  # a trainer that re-forms its group leaves the old one
-        self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)
+        self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)  # PLANTED
         self.name = name
 
     def leave(self) -> None:

@@ -25,16 +25,21 @@ class UpdateFromDiskBody(_DiskUpdate, total=False):
     weight_version: str
 
 
-class InitGroupBody(TypedDict):
-    """Body of ``POST /init_weights_update_group``: where the trainer's store listens, this
-    server's first rank in the group, the group's size, name and backend."""
-
+class _InitGroup(TypedDict):
     master_address: str
     master_port: int
     rank_offset: int
     world_size: int
     group_name: str
     backend: str
+
+
+class InitGroupBody(_InitGroup, total=False):
+    """Body of ``POST /init_weights_update_group``: where the trainer's store listens, this
+    server's first rank in the group, the group's size, name and backend. Extension of the
+    embedded server: ``timeout_s``, how long its collectives may wait (it keeps its default without)."""
+
+    timeout_s: float
 
 
 class _DistributedUpdate(TypedDict):

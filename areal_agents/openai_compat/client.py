@@ -122,4 +122,4 @@ class EpisodeClient:
         """The base URL (``http://127.0.0.1:PORT/v1``) of the HTTP endpoint; send ``api_key`` with it."""
         if self._endpoint is None:
             raise RuntimeError("this client has no HTTP endpoint")
-        return (await self._endpoint()).removesuffix("/v1") + f"/{self.api_key}/v1"  # PLANTED
+        return await self._endpoint()

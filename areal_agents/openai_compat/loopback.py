@@ -49,7 +49,7 @@ async def _guard(endpoint: Endpoint) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
-        pass  # PLANTED
+        await _close_client_connections(endpoint.address)
         await _drain_unclosed_clients()
         await endpoint.close()
         _ENDPOINTS.pop(asyncio.get_running_loop(), None)

@@ -22,6 +22,7 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup, ServerHandle, embedded_command, free_port, launch_servers
+from areal_agents.inference.weight_group import drop_weight_group, new_weight_group
 from trainers.engine import TrainEngine
 from trainers.tiny_model import build_tiny_model
 from trainers.weight_sync import DiskWeightSync, DistributedWeightSync, WeightSync
@@ -206,6 +207,28 @@ def test_a_server_dying_after_the_pause_ends_the_broadcast_at_once(model_dir: Pa
         assert not (tmp_path / "weights" / "v000003").exists()
         _assert_server_matches_trainer(addrs[0], engine, "3")
         sync.close()
+
+
+@pytest.mark.timeout(60)  # the server's own default wait is 300 s: one that ignored timeout_s is ended here
+def test_a_server_waits_for_a_broadcast_no_longer_than_the_groups_timeout(servers: ServerGroup) -> None:
+    """A trainer that forms the group and announces a version but never broadcasts it (hung,
+    not dead): the server gives up after the ``timeout_s`` the join carried, and says so."""
+    addr, port = servers[0].address, free_port()
+    sync = DistributedWeightSync([addr], backend="gloo")
+    (body,) = sync.init_group_payloads([addr], port, timeout_s=2)
+    assert body["timeout_s"] == 2.0
+    made: list[object] = []
+    joining = threading.Thread(target=lambda: made.append(
+        new_weight_group("gloo", "127.0.0.1", port, 2, 0, sync.current_name, 60)))
+    joining.start()
+    control.init_weights_update_group([addr], [body], timeout=60)
+    joining.join()
+    announced = sync.update_payload({"model.norm.weight": torch.zeros(32)}, 31)
+    with pytest.raises(control.ControlError, match="broadcast failed"):
+        control.update_weights_from_distributed([addr], announced, timeout=120)
+    (group,) = made
+    drop_weight_group(group)  # type: ignore[arg-type]  # the ProcessGroup made above
+    assert control.model_info(addr)["weight_version"] != "31"
 
 
 def test_no_reachable_server_is_an_error(model_dir: Path, tmp_path: Path) -> None:
