@@ -90,7 +90,7 @@ class WeightGroups:
                 "'timeout_s' must be a number of seconds in (0, 86400]")
         require(name != self.name, f"weight update group {name!r} exists already: a new group takes a new name")
         self.leave()  # a trainer that re-forms its group leaves the old one
-        self.group = new_weight_group("gloo", addr, port, world, rank, name, self.timeout_s)  # PLANTED
+        self.group = new_weight_group("gloo", addr, port, world, rank, name, float(timeout))
         self.name = name
 
     def leave(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -69,7 +69,8 @@ def test_registration_applies_the_spec_defaults(median_grpo: ModuleType) -> None
     assert cfg.algorithm.eps_clip == 0.3 and cfg.algorithm.adv_eps == 0.01  # the user's values win
 
 
-def test_script_trains_with_the_new_estimator(tmp_path: Path) -> None:
+def test_script_trains_with_the_new_estimator(tmp_path: Path, warm_cache: Callable[[str], Path]) -> None:
+    warm_cache("math-tiny")
     run_command([sys.executable, "examples/custom_algorithm/median_grpo.py", "--config",
                  "examples/custom_algorithm/config.yaml", *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path)
     run_dir = tmp_path / "runs" / "custom-algorithm" / "median-grpo"

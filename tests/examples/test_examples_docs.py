@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,8 @@ def _block(doc: str, pattern: str) -> str:
 
 
 @pytest.mark.slow
-def test_customize_train_script_with_its_agent_trains_as_written(tmp_path: Path) -> None:
+def test_customize_train_script_with_its_agent_trains_as_written(tmp_path: Path, warm_cache: Callable[[str], Path]) -> None:
+    warm_cache("math-tiny")
     (tmp_path / "my_module.py").write_text(_block("customize.md", r"## Agent\n\n```python\n(.*?)```"))
     (tmp_path / "train.py").write_text(_block("customize.md", r"```python\n(# train\.py\n.*?)```"))
     run_command([sys.executable, str(tmp_path / "train.py"), "--env", "math", "agent.name=my-agent", *TINY,

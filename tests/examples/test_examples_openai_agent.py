@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,30 +62,33 @@ def _block(doc: str, first_line: str) -> str:
 
 
 @pytest.mark.slow
-def test_byo_doc_agent_trains_as_written(tmp_path: Path) -> None:
+def test_byo_doc_agent_trains_as_written(tmp_path: Path, warm_cache: Callable[[str], Path]) -> None:
     (tmp_path / "my_agent.py").write_text(_block("docs/byo_agent.md", "# my_agent.py"))
     text = (ROOT / "docs" / "byo_agent.md").read_text(encoding="utf-8")
     [command] = re.findall(r"^(areal-agents run --env math agent=my-agent .*)$", text, re.M)
+    warm_cache("math-tiny")
     run_command([*shlex.split(command), *TINY, f"output_dir={tmp_path / 'runs'}"], tmp_path, cwd=tmp_path)
     steps = train_steps(tmp_path / "runs" / "math" / "trial")
     assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
 
 
 @pytest.mark.slow
-def test_byo_doc_http_agent_trains_as_written(tmp_path: Path) -> None:
+def test_byo_doc_http_agent_trains_as_written(tmp_path: Path, warm_cache: Callable[[str], Path]) -> None:
     """The page's official-client agent over HTTP (one client per event loop) trains and evaluates:
     the run calls it on several loops (the one-row check, the rollout process, the evals)."""
     first = "# math_http_agent.py: "
     code = _block("docs/byo_agent.md", first)
     (tmp_path / "math_http_agent.py").write_text(code)
     command = shlex.split(code.splitlines()[0].removeprefix(first))
+    warm_cache("math-tiny")
     run_command([*command, *TINY, "eval.every=1", f"output_dir={tmp_path / 'runs'}"], tmp_path, cwd=tmp_path)
     steps = train_steps(tmp_path / "runs" / "math" / "trial")
     assert [r["step"] for r in steps] == [1, 2] and all(r["rollout/failed"] == 0 for r in steps)
 
 
 @pytest.mark.slow
-def test_example_config_trains(tmp_path: Path) -> None:
+def test_example_config_trains(tmp_path: Path, warm_cache: Callable[[str], Path]) -> None:
+    warm_cache("math-tiny")
     run_command(["areal-agents", "run", "--config", "examples/openai_agent/config.yaml", *TINY,
                  f"output_dir={tmp_path / 'runs'}"], tmp_path)
     steps = train_steps(tmp_path / "runs" / "openai-agent" / "trial")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from inference_support import make_models, start_servers
+from inference_support import corpus, start_servers
 
 from areal_agents.inference.client import InferenceClient, InferenceError
 from areal_agents.inference.launcher import ServerGroup, free_port
@@ -23,8 +23,8 @@ from areal_agents.llm import ClientLLM, Generation
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_models(tmp_path_factory.mktemp("models"))
+def models(tiny_model: Callable[..., Path]) -> tuple[Path, Path]:
+    return tiny_model(corpus(), seed=0), tiny_model(corpus(), seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from inference_support import make_models
+from inference_support import corpus
 
 from areal_agents.inference._engine import Engine, GenRequest
 from areal_agents.inference._sampling import sample_next
@@ -17,8 +18,8 @@ from areal_agents.inference.server import load_model
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    model_dir, _ = make_models(tmp_path_factory.mktemp("models"))
+def engine(tiny_model: Callable[..., Path]) -> Iterator[Engine]:
+    model_dir = tiny_model(corpus(), seed=0)
     model, tok = load_model(model_dir)
     eng = Engine(model, tok, max_batch_size=8)
     eng.start()

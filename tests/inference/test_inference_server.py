@@ -14,15 +14,15 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
-from inference_support import make_models, reforward_logprobs, start_servers
+from inference_support import corpus, reforward_logprobs, start_servers
 
 from areal_agents.inference import control
 from areal_agents.inference.launcher import ServerHandle
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_models(tmp_path_factory.mktemp("models"))
+def models(tiny_model: Callable[..., Path]) -> tuple[Path, Path]:
+    return tiny_model(corpus(), seed=0), tiny_model(corpus(), seed=1)
 
 
 @pytest.fixture(scope="module")

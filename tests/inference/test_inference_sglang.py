@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ import sglang_frontend_client as client
 from inference_support import corpus, full_logprobs, greedy_ids, load_reference, start_servers
 
 from areal_agents.inference.launcher import ServerHandle
-from trainers.tiny_model import build_tiny_model
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -75,8 +74,8 @@ SGLANG_SAMPLING_FIELDS = (
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(corpus(), tmp_path_factory.mktemp("model") / "m0", seed=0)
+def model_dir(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model(corpus(), seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from inference_support import make_models, reforward_logprobs, start_servers
+from inference_support import corpus, reforward_logprobs, start_servers
 
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
@@ -19,8 +19,8 @@ PROMPT = [7, 8, 9, 10, 11]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_models(tmp_path_factory.mktemp("models"))
+def models(tiny_model: Callable[..., Path]) -> tuple[Path, Path]:
+    return tiny_model(corpus(), seed=0), tiny_model(corpus(), seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -15,7 +17,7 @@ import httpx
 import openai
 import pytest
 from openai.types.responses import Response
-from openai_support import build_model, load_tokenizer
+from openai_support import corpus, load_tokenizer
 
 from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.openai_compat.http import Endpoint
@@ -31,8 +33,8 @@ ANTHROPIC_TOOL = {"name": ADD["name"], "description": ADD["description"], "input
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_tokenizer(build_model(tmp_path_factory.mktemp("apis-tok")))
+def tokenizer(tiny_model: Callable[..., Path]) -> Any:
+    return load_tokenizer(tiny_model(corpus(), seed=0))
 
 
 def serve(tokenizer: Any, replies: list[str]) -> tuple[ChatSession, Endpoint]:

@@ -6,14 +6,14 @@ the model's own in a re-forward)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-from openai_support import build_model, load_tokenizer, reforward, served
+from openai_support import corpus, load_tokenizer, reforward, served
 
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup
@@ -24,8 +24,8 @@ QUESTION = "What is 12 + 30?"
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_model(tmp_path_factory.mktemp("apis-model"))
+def model(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model(corpus(), seed=0)
 
 
 @pytest.fixture(scope="module")

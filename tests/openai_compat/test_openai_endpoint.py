@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from openai_support import ADD_TOOL, build_model, load_tokenizer, reforward
+from openai_support import ADD_TOOL, corpus, load_tokenizer, reforward
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.inference import control
@@ -28,9 +28,8 @@ USER = [{"role": "user", "content": "What is 12 + 30?"}]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("openai-models")
-    return build_model(root, 0), build_model(root, 1)
+def models(tiny_model: Callable[..., Path]) -> tuple[Path, Path]:
+    return tiny_model(corpus(), seed=0), tiny_model(corpus(), seed=1)
 
 
 @pytest.fixture(scope="module")

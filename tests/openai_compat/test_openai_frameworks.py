@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from openai_support import build_model, load_tokenizer, reforward, served
+from openai_support import corpus, load_tokenizer, reforward, served
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.config.loader import load_config
@@ -40,10 +40,10 @@ def load_example(folder: str) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model(tiny_model: Callable[..., Path]) -> Path:
     for folder in sorted(set(AGENTS.values())):
         load_example(folder)
-    return build_model(tmp_path_factory.mktemp("framework-model"))
+    return tiny_model(corpus(), seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai_support import build_model, load_tokenizer
+from openai_support import corpus, load_tokenizer
 
 from areal_agents.env import Env
 from areal_agents.llm import LLM, Generation
@@ -26,8 +26,8 @@ USER = [{"role": "user", "content": "What is 12 + 30?"}]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_tokenizer(build_model(tmp_path_factory.mktemp("loopback-model")))
+def tokenizer(tiny_model: Callable[..., Path]) -> Any:
+    return load_tokenizer(tiny_model(corpus(), seed=0))
 
 
 class Echo(Env):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai_support import ADD_TOOL, build_model, load_tokenizer
+from openai_support import ADD_TOOL, corpus, load_tokenizer
 
 from areal_agents.llm import observation_key
 from areal_agents.llm.scripted import ScriptedLLM
@@ -28,8 +30,8 @@ USER = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_tokenizer(build_model(tmp_path_factory.mktemp("openai-tok")))
+def tokenizer(tiny_model: Callable[..., Path]) -> Any:
+    return load_tokenizer(tiny_model(corpus(), seed=0))
 
 
 def scripted(tokenizer: Any, replies: list[str]) -> tuple[ChatSession, ScriptedLLM]:

@@ -10,11 +10,12 @@ JSON, NUL bytes).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import make_model, record
+from reliability_support import corpus, record
 
 from areal_agents.agent import ChatAgent
 from areal_agents.config import RolloutConfig
@@ -47,10 +48,10 @@ class TokenLLM(LLM):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tokenizer(tiny_model: Callable[..., Path]) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(make_model(tmp_path_factory.mktemp("tok")))
+    return AutoTokenizer.from_pretrained(tiny_model(corpus(), seed=0))
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -28,9 +29,10 @@ SETTINGS = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_killed_run_leaves_no_servers_and_recovers(tmp_path: Path) -> None:
+def test_killed_run_leaves_no_servers_and_recovers(tmp_path: Path, warm_cache: Callable[[str], Path]) -> None:
     cmd = [sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", *SETTINGS, f"output_dir={tmp_path / 'runs'}"]
-    env = {**os.environ, "AREAL_AGENTS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cache = warm_cache("math-tiny")  # the warm start is built once per session: the kill and the resume are the subject
+    env = {**os.environ, "AREAL_AGENTS_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     run_dir = tmp_path / "runs" / "math" / "trial"
     ckpts = run_dir / "checkpoints"
     log1 = open(tmp_path / "first.log", "w")

@@ -12,7 +12,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from areal_agents.rewards import RewardRunner, default_runner
 from areal_agents.rollout import RolloutExecutor, make_episode_fn
 from areal_agents.types import Trajectory
 from trainers.rollout_only import write_rollouts
-from trainers.tiny_model import build_tiny_model
 
 
 def corpus(n: int = 200) -> Iterator[str]:
@@ -65,9 +64,8 @@ ROWS = [{"a": a, "b": b, "answer": str(a + b), "hang": i % 6 == 5}
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("rollout-models")
-    return build_tiny_model(corpus(), root / "m0", seed=0), build_tiny_model(corpus(), root / "m1", seed=1)
+def models(tiny_model: Callable[..., Path]) -> tuple[Path, Path]:
+    return tiny_model(corpus(), seed=0), tiny_model(corpus(), seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -209,7 +209,7 @@ def test_a_server_dying_after_the_pause_ends_the_broadcast_at_once(model_dir: Pa
         sync.close()
 
 
-@pytest.mark.timeout(60)  # the server's own default wait is 300 s: one that ignored timeout_s is ended here
+@pytest.mark.timeout(150)  # the server's own default wait is 300 s: one that ignored timeout_s is ended here
 def test_a_server_waits_for_a_broadcast_no_longer_than_the_groups_timeout(servers: ServerGroup) -> None:
     """A trainer that forms the group and announces a version but never broadcasts it (hung,
     not dead): the server gives up after the ``timeout_s`` the join carried, and says so."""
@@ -217,7 +217,7 @@ def test_a_server_waits_for_a_broadcast_no_longer_than_the_groups_timeout(server
     sync = DistributedWeightSync([addr], backend="gloo")
     (body,) = sync.init_group_payloads([addr], port, timeout_s=2)
     assert body["timeout_s"] == 2.0
-    made: list[object] = []
+    made: list[Any] = []  # the ProcessGroup rank 0 makes
     joining = threading.Thread(target=lambda: made.append(
         new_weight_group("gloo", "127.0.0.1", port, 2, 0, sync.current_name, 60)))
     joining.start()
@@ -227,7 +227,7 @@ def test_a_server_waits_for_a_broadcast_no_longer_than_the_groups_timeout(server
     with pytest.raises(control.ControlError, match="broadcast failed"):
         control.update_weights_from_distributed([addr], announced, timeout=120)
     (group,) = made
-    drop_weight_group(group)  # type: ignore[arg-type]  # the ProcessGroup made above
+    drop_weight_group(group)
     assert control.model_info(addr)["weight_version"] != "31"
 
 
