@@ -108,6 +108,7 @@ def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) ->
     while (threading.active_count() > threads0 or connections_to(ports)) and time.monotonic() < deadline:
         time.sleep(0.05)
     threads_after, conns_after = threading.active_count(), connections_to(ports)
+    thread_names = sorted(t.name for t in threading.enumerate())
     servers_alive = all(h.alive for h in group)
     group.close()
     assert len(samples) >= 3 * RSS_WINDOW, len(samples)
@@ -115,7 +116,7 @@ def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) ->
     rss1, srv1 = (statistics.median(col) for col in zip(*samples[-RSS_WINDOW:], strict=True))
     steady = running[len(running) // 4:]
     assert leftover_tasks == 0
-    assert threads_after == threads0 and conns_after == conns0 == 0
+    assert threads_after == threads0 and conns_after == conns0 == 0, (threads0, thread_names, conns_after)
     assert servers_alive
     assert counts["in_flight"] == 0 and counts["submitted"] == counts["accepted"] + counts["failed"] + counts["dropped"]
     assert counts["failed"] == 0, ex.stats()
