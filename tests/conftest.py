@@ -119,7 +119,7 @@ class TinyModels:
         from trainers.tiny_model import build_tiny_model
 
         corpus = list(texts)
-        key = hashlib.sha256(json.dumps([corpus], sort_keys=True).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps([corpus, kw], sort_keys=True).encode()).hexdigest()[:16]
         if key not in self.built:
             self.built[key] = build_tiny_model(corpus, self.root / key, **kw)
         return self.built[key]
