@@ -320,11 +320,13 @@ def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget
 
 def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]]) -> str:
     """Hash of what decides the warm-started weights: the training rows themselves (not the data
-    config, so eval and test-split settings do not rebuild it), env, SFT settings, base model, seed."""
+    config, so eval and test-split settings do not rebuild it), env, SFT settings, base model, the
+    precision it is trained in (``actor.dtype``), seed."""
     rows = hashlib.sha256(json.dumps(train_rows, sort_keys=True, default=str).encode()).hexdigest()
     blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": cfg.env.kwargs, "rows": rows,
                        "sft": {k: v for k, v in dataclasses.asdict(cfg.sft).items() if k != "output_dir"},
-                       "system": cfg.agent.system_prompt, "base": base.name, "seed": cfg.seed},
+                       "system": cfg.agent.system_prompt, "base": base.name, "dtype": cfg.actor.dtype,
+                       "seed": cfg.seed},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
