@@ -1,6 +1,6 @@
 """The reward runner's timings: parallel workers and the cut of a hung reward.
 
-Two figures the tests check only as outcomes (tests/sdk/test_sdk_rewards.py):
+Two figures the tests check only as outcomes (tests/rewards/test_rewards_runner.py):
 
 * ``parallel``: ``--calls`` rewards that each sleep ``--seconds``, started together from threads,
   with ``--calls`` workers and with one; the wall time of each and the speedup (ideal: ``--calls``).

@@ -202,7 +202,15 @@ def build_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
-    model.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    was_shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-shard write needs no bar (nor the bar library's monitor thread)
+    try:
+        model.save_pretrained(out)
+    finally:
+        if was_shown:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     return out
 

@@ -10,7 +10,7 @@ margin below is far under what the recipe gains in this budget and far above eva
 Bookkeeping bugs that leave this env's learning intact are guarded by unit tests instead: a loss
 mask that covers the env's messages (planted, the run still went 0.598 -> 0.882: those tokens
 carry a behaviour logprob of 0, so PPO's clip drops them on a negative advantage, and the policy
-never has to write them) in ``tests/sdk/test_sdk_agent.py``, and a turn discount the wrong way
+never has to write them) in ``tests/agent/test_agent_chat.py``, and a turn discount the wrong way
 round (``math-multiturn`` uses 1.0) in ``tests/rollout/test_rollout_returns.py``.
 """
 

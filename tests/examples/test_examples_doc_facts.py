@@ -42,7 +42,7 @@ def _yaml_value(path: str, key: str) -> object:
 def test_quoted_defaults_are_the_code_s() -> None:
     checked, wrong = 0, []
     for doc in DOCS:
-        if doc == "docs/config.md":  # generated from the same dataclasses (test_core_config)
+        if doc == "docs/config.md":  # generated from the same dataclasses (tests/config/test_config.py)
             continue
         for key, value in STATED_DEFAULT.findall(_text(doc)):
             if key not in DEFAULTS:

@@ -35,10 +35,12 @@ _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its co
 COMMANDS: dict[str, dict[str, str]] = {
     "README.md": {
         'pip install torch==2.13.0 -e . && areal-agents run --env math': f"not run: {_DEFAULT_RUN}",
-        'pip install torch==2.13.0 -e .[dev] && python3 -m pytest -q': "not run: the test suite itself (.ci/run)",
+        'pip install torch==2.13.0 -e .[dev] && pip download --no-deps -r tests/inference/sglang-frontend.txt -d .wheels '
+        '&& python3 -m pytest -q': "not run: the test suite itself (.ci/run; tests/docs/test_docs_readme.py checks it "
+                                   "runs this command)",
         "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
         "pip install -e .[sglang]": f"not run: {_INSTALL}",
-        "pip install -e .[docs]": f"not run: {_INSTALL}; the docs build: tests/core/test_core_docs_site.py",
+        "pip install -e .[docs]": f"not run: {_INSTALL}; the docs build: tests/docs/test_docs_site.py",
     },
     "docs/deployment.md": {
         "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
@@ -166,7 +168,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
     "README.md": {"from areal_agents import DatasetMixin, Env, ReferenceMixin, RewardMixin, register_env, register_reward":
                   f"{_HERE}::test_readme_env_trains_through_imports"},
     "docs/quickstart.md": {"# my_envs/reverse.py": f"{_HERE}::test_quickstart_reverse_package_learns_as_written"},
-    "docs/custom_env.md": {"import asyncio": "tests/sdk/test_sdk_docs.py::test_custom_env_example_runs_verbatim"},
+    "docs/custom_env.md": {"import asyncio": "tests/docs/test_docs_custom_env.py::test_custom_env_example_runs_verbatim"},
     "docs/customize.md": {
         "def my_reward(completion: str, *, answer: str = \"\", **row) -> float: ...": "not run: a signature",
         "def my_dataset(split: str = \"train\", *, size: int | None = None, **kwargs) -> list[dict]: ...":
@@ -197,7 +199,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
     "docs/rollout.md": {"from areal_agents.rollout import RolloutExecutor": "not run: a fragment (cfg, train, ...)"},
     "docs/gpu.md": {"# write_gsm8k.py": "not run: downloads GSM8K from the Hugging Face Hub"},
     "docs/ecosystem.md": {"from areal_agents import check_env, make_env":
-                          "tests/sdk/test_sdk_ecosystem.py::test_the_docs_example_runs_verbatim"},
+                          "tests/envs/test_envs_ecosystem.py::test_the_docs_example_runs_verbatim"},
     "docs/rewards.md": {
         'def my_reward(completion: str, *, answer: str = "", **row) -> float:': f"{_HERE}::test_rewards_doc_blocks_run",
         "# my_rewards.py": "not run: a signature (the README's and quickstart's rewards are registered this way)",

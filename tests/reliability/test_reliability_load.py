@@ -61,7 +61,8 @@ def test_256_concurrent_episodes_hold_steady_and_leak_nothing(tmp_path: Path) ->
     old_runner = set_default_runner(runner)
     # workers are started by one process-lifetime thread (their parent-death signal is tied to
     # it), made at the first reward: part of the baseline, not a leak
-    assert runner.compute(math_reward, "5", {"answer": "5"}).value == 1.0
+    # (a reply the fast path cannot decide, so a worker answers it: "5" == "5" would never start one)
+    assert runner.compute(math_reward, "\\boxed{1/2}", {"answer": "0.5"}).value == 1.0
     threads0, conns0 = settled_thread_count(), connections_to(ports)
     client = InferenceClient(group.addresses, schedule="least_loaded")
     sampling = {"max_new_tokens": 8, "temperature": 1.0}

@@ -1,6 +1,6 @@
 """Model-written code in the sandbox against real targets: the project's own run/checkpoint
 files, /etc/passwd, a real listening loopback server, unbounded memory and CPU, and daemonized
-grandchildren (double fork + setsid). Adds to tests/sdk/test_sdk_sandbox.py only what it lacks."""
+grandchildren (double fork + setsid). Adds to tests/tools/test_tools_sandbox.py only what it lacks."""
 
 from __future__ import annotations
 

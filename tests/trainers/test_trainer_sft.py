@@ -135,6 +135,8 @@ def test_warm_start_cache_key_follows_training_rows_not_eval_settings(tmp_path: 
     assert same == first and (same / "model.safetensors").stat().st_mtime_ns == made  # not rebuilt
     other = ensure_warm_model(load_config(None, [*tiny, "data.train_size=3000"]), progress=False, warm_start=True)
     assert other != first  # other training rows: another warm start
+    bf16 = ensure_warm_model(load_config(None, [*tiny, "actor.dtype=bfloat16"]), progress=False, warm_start=True)
+    assert bf16 not in (first, other)  # weights trained in another precision: another warm start
 
 
 def test_sft_command_says_where_it_wrote_the_model(tmp_path: Path) -> None:

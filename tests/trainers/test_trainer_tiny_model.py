@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +42,18 @@ def test_same_inputs_give_identical_files(model_dir: Path, tmp_path: Path) -> No
     d4 = digests(other_seed)
     assert d4["model.safetensors"] != digests(model_dir)["model.safetensors"]
     assert d4["tokenizer.json"] == digests(model_dir)["tokenizer.json"]
+
+
+def test_a_build_prints_nothing_and_leaves_no_thread(tmp_path: Path) -> None:
+    """Building is quiet (no progress bar for a one-shard write) and leaves no thread behind: a
+    progress bar would start its library's monitor thread, which the leak checks would count."""
+    script = ("import sys, threading\nfrom pathlib import Path\nfrom trainers.tiny_model import build_tiny_model\n"
+              "build_tiny_model(['<|im_start|>user\\n1+1<|im_end|>\\n'] * 50, Path(sys.argv[1]))\n"
+              "print(sorted(t.name for t in threading.enumerate()))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m")], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['MainThread']" and proc.stderr == "", (proc.stdout, proc.stderr)
 
 
 def test_loads_with_auto_classes(model_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """The ecosystem adapters (envs/ecosystem): reasoning-gym tasks by name with their own scoring,
 TextArena and GEM games keyed by a seed row, each episode with its own random state.
-(check_env and Gymnasium's checker run on them in test_sdk_envs / test_sdk_gymnasium.)"""
+(check_env and Gymnasium's checker run on them in tests/envs/test_envs_builtin.py / tests/gym/test_gym_registration.py.)"""
 
 from __future__ import annotations
 

@@ -368,3 +368,28 @@ def test_no_test_skips_on_a_missing_import() -> None:
     assert importorskips("import pytest\ntok = pytest.importorskip('tokenizers')\n") == [2]
     found = {str(path.relative_to(TESTS)): lines for path in _files() if (lines := importorskips(path.read_text()))}
     assert found == {}, f"importorskip (file: lines): {found}"
+
+
+# Test directories that are not a room of the code: whole runs (e2e), fault injection across rooms
+# (reliability), the docs and the README (docs), the house's own rules (house).
+ACROSS_ROOMS = {"e2e", "reliability", "docs", "house"}
+
+
+def rooms_of_the_code(repo: Path) -> set[str]:
+    """What a test directory may be named after: the top-level packages and the directories at
+    the top of the repo (``envs``, ``examples``, ...), the core's sub-packages and root modules."""
+    core = repo / "areal_agents"
+    return ({p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith((".", "_")) and "." not in p.name}
+            | {p.name for p in core.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+            | {p.stem for p in core.glob("*.py") if not p.stem.startswith("_")})
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """``tests/NAME/`` is named after a room of the code (or one of the few that cross rooms): no
+    catch-all directory. Test files import their directory's ``*_support.py`` by bare name (no
+    ``__init__.py``), so every file name is unique across directories."""
+    allowed = rooms_of_the_code(TESTS.parent) - {"tests", "docs"} | ACROSS_ROOMS
+    dirs = sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))
+    assert not [d.name for d in dirs if d.name not in allowed], f"test dirs named after no room: {sorted(allowed)}"
+    names = [f.name for d in dirs for f in d.glob("*.py")]
+    assert len(names) == len(set(names)), f"file names used twice: {sorted({n for n in names if names.count(n) > 1})}"
