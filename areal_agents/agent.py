@@ -141,7 +141,8 @@ class ChatAgent(Agent):
     when the env ends the episode without one it stays unset (evaluation then counts a positive
     return as solved, :func:`~areal_agents.rollout.episode.episode_solved`), and an episode the agent
     cuts short (turn or token budget, abort, env error) gets ``success=False`` unless the env
-    reported one.
+    reported one. ``info["messages"]`` keeps the conversation by role (system, user, assistant
+    with its tool calls, tool outputs), which the episode record shows.
     """
 
     def __init__(
@@ -210,6 +211,7 @@ class ChatAgent(Agent):
         if end_reason not in ("terminated", "truncated"):  # cut short by the agent: not solved unless the env said so
             info.setdefault("success", False)
         info["turn_finish_reasons"] = llm.finish_reasons
+        info["messages"] = messages  # the conversation by role, tool calls included: what the record shows
         traj = llm.to_trajectory(status=status, info=jsonable(info))
         traj.set_rewards(rewards)  # undiscounted: the rollout settles the return (settle_returns)
         return traj

@@ -118,12 +118,7 @@ def read_records(path: str, what: str = "records") -> list[tuple[int, dict[str, 
     """``(line_number, record)`` pairs of a JSONL or Parquet file; errors name file and line
     (a file without records: ``the file has no <what>``)."""
     if path.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq  # type: ignore[import-untyped]
-        except ImportError:
-            raise DatasetError(
-                f"{path}: reading Parquet needs the 'pyarrow' package: pip install 'areal-agents[parquet]'"
-            ) from None
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]  # a dependency; imported where Parquet is read
         try:
             records = list(enumerate(pq.read_table(path).to_pylist(), 1))
         except Exception as exc:  # pyarrow's errors for a truncated or foreign file

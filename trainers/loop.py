@@ -20,7 +20,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
+from areal_agents.record import EpisodeRecorder, Recorded
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.evaluation import run_eval
@@ -39,7 +40,7 @@ from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
-from trainers.batching import collate, load_trajectories
+from trainers.batching import Batch, collate, load_trajectories
 from trainers.checkpoint import Checkpointer, CheckpointMismatch
 from trainers.engine import TrainEngine
 from trainers.metrics import MetricsLogger
@@ -92,14 +93,15 @@ def build_engine(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec) ->
     return TrainEngine(cfg, model_path, critic=spec.needs_critic, reference=spec.needs_reference(cfg.algorithm))
 
 
-def train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory]
-               ) -> dict[str, float]:
+def train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory],
+               on_trained: Callable[[Batch], None] | None = None) -> dict[str, float]:
     """One optimiser step on finished episodes: what the algorithm's loss reads, then the update.
 
     Reference logprobs when ``spec.needs_reference``; the critic's values and targets
     (``returns``) when ``spec.needs_critic``; the advantages; proximal logprobs when
     ``spec.needs_proximal`` (the policy before the step: computed first when several
     minibatches each take a step, else taken from the training forward pass itself).
+    ``on_trained(batch)`` sees the batch the loss read (one row per trajectory, in order) after the step.
     """
     alg = cfg.algorithm
     batch = collate(trajs, pad_token_id=engine.pad_token_id)
@@ -113,15 +115,17 @@ def train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, 
     if proximal and alg.ppo_n_minibatches > 1:  # later minibatches would see updated weights
         batch["prox_logp"] = engine.compute_logprobs(batch)
     stats = engine.train_batch(batch, spec.loss_fn(), detached_logp_key="prox_logp" if proximal else None)
+    if on_trained is not None:
+        on_trained(batch)
     return {k if "/" in k else f"train/{k}": v for k, v in stats.items()}
 
 
-def _timed_train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory]
-                      ) -> dict[str, Any]:
+def _timed_train_step(engine: TrainEngine, spec: AlgorithmSpec, cfg: ExperimentConfig, trajs: list[Trajectory],
+                      on_trained: Callable[[Batch], None] | None = None) -> dict[str, Any]:
     """:func:`train_step` with the train phase's seconds (``time/train_s``) and row tokens (prompt,
     completion and env messages) per second (``perf/train_tokens_per_s``)."""
     t0 = time.monotonic()
-    metrics: dict[str, Any] = train_step(engine, spec, cfg, trajs)
+    metrics: dict[str, Any] = train_step(engine, spec, cfg, trajs, on_trained)
     seconds = time.monotonic() - t0
     metrics.update({"time/train_s": seconds,
                     "perf/train_tokens_per_s": sum(t.num_tokens for t in trajs) / max(seconds, 1e-9)})
@@ -156,6 +160,10 @@ class _Rank0:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
         self.addresses, self.executor, self.eval_rewards = addresses or [], executor, eval_rewards
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
+        self.recorder: EpisodeRecorder | None = None  # the episode record (rank 0 of a training run)
+        self._trained: list[tuple[str, int, Trajectory]] = []  # the batch's (episode id, group index, trajectory)
+        self._advantages: list[np.ndarray] = []  # the loss's advantages of each, as on_trained saw them
+        self._failed: list[Trajectory] = []  # failed episodes the rollout dropped while the batch was gathered
 
     @classmethod
     def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, model_path: str, tokenizer: Any,
@@ -166,7 +174,14 @@ class _Rank0:
         executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
         stack.callback(executor.shutdown)
         eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
-        return cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
+        r0 = cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
+        if cfg.mode == "full" and cfg.logging.episodes_kept != 0:  # its own tokenizer: decoded on its thread
+            import transformers
+
+            r0.recorder = EpisodeRecorder(Path(cfg.run_dir), keep=cfg.logging.episodes_kept, env=cfg.env.name,
+                                          tokenizer=transformers.AutoTokenizer.from_pretrained(model_path))
+            stack.callback(r0.recorder.close)  # what is queued is written, at a normal end and on a stop alike
+        return r0
 
     def rollout_only(self, run_dir: Path) -> dict[str, Any]:
         """``mode=rollout``: write trajectories, no trainer."""
@@ -180,7 +195,27 @@ class _Rank0:
     def batch(self) -> list[Trajectory]:
         """The next batch of finished episodes, waited for on rank 0 and broadcast to every rank."""
         groups = self.executor.prepare_batch() if self.executor is not None else []
-        return tdist.broadcast_object([s for group in groups for t in group for s in t.flatten() if s.input_ids])
+        self._trained = [(_episode_id(t, k) + (f"/{j}" if len(parts) > 1 else ""), k, s)
+                         for group in groups for k, t in enumerate(group)
+                         for parts in [t.flatten()] for j, s in enumerate(parts) if s.input_ids]
+        if self.recorder is not None and self.executor is not None:
+            self._failed = self.executor.take_failed()
+        return tdist.broadcast_object([s for _, _, s in self._trained])
+
+    def keep_advantages(self, batch: Batch) -> None:
+        """``on_trained`` of :func:`train_step`: each trajectory's advantages as its loss used them."""
+        adv = batch["advantages"].detach().to("cpu", torch.float32).numpy()
+        self._advantages = [np.array(adv[i, :n]) for i, n in enumerate(batch["seq_lens"].tolist())]
+
+    def record(self, step: int, version: int) -> None:
+        """Hand the step's trajectories and the failed episodes to the episode record (weights
+        ``version - 1`` were trained); the writer does the rest on its own thread."""
+        if self.recorder is None:
+            return
+        trained = [Recorded(eid, k, t, adv) for (eid, k, t), adv in zip(self._trained, self._advantages, strict=True)]
+        failed = [Recorded(_episode_id(t, _group_index(t)), _group_index(t), t) for t in self._failed]
+        self.recorder.record(step, trained, failed, policy_version=version - 1)
+        self._trained, self._advantages, self._failed = [], [], []
 
     def pause(self) -> None:  # the executor's calls, on rank 0 only
         if self.executor is not None:
@@ -228,6 +263,16 @@ class _Rank0:
             summary["plots"] = [str(p) for p in plot_run(summary["run_dir"])]
         self.display.summary(summary)
         return summary
+
+
+def _episode_id(traj: Trajectory, k: int) -> str:
+    return str(traj.info.get("episode_id") or f"{traj.group_id}-{k}")
+
+
+def _group_index(traj: Trajectory) -> int:
+    """An episode's index in its group, from the id the executor gave it (``<group_id>-<k>``)."""
+    tail = str(traj.info.get("episode_id", "")).rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,
@@ -312,6 +357,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             version += 1
             metrics, trajs = _rl_step(cfg, spec, engine, r0, sync, display, version, ckpt)
             step += 1
+            r0.record(step, version)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
                 with ckpt.interruptible():
                     metrics.update(r0.eval())
@@ -368,7 +414,7 @@ def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0
     with ckpt.interruptible():  # SIGTERM while waiting for a batch ends the run at once
         trajs = r0.batch()
     t1 = time.monotonic()
-    metrics = _timed_train_step(engine, spec, cfg, trajs)
+    metrics = _timed_train_step(engine, spec, cfg, trajs, r0.keep_advantages if r0.recorder is not None else None)
     t2 = time.monotonic()
     r0.pause()
     sync.sync(engine, version)

@@ -26,7 +26,7 @@ from areal_agents.registry import KINDS, get_registry
 from areal_agents.rewards import default_reward_workers
 
 __all__ = ["check_model_dir", "cmd_config", "cmd_eval", "cmd_list", "cmd_plot", "cmd_run", "cmd_serve", "cmd_sft",
-           "config_overrides", "load_args_config"]
+           "cmd_view", "config_overrides", "load_args_config"]
 
 
 def check_model_dir(path: str | None, key: str) -> None:
@@ -150,6 +150,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
         return 2
     for path in paths:
         print(path)
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """``areal-agents view RUN_DIR [RUN_DIR ...] [--port N] [--host H]``: the viewer's page until Ctrl-C."""
+    from areal_agents.viewer import serve
+
+    serve(args.run_dirs, host=args.host, port=args.port)
     return 0
 
 

@@ -12,7 +12,16 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from areal_agents.cli.commands import cmd_config, cmd_eval, cmd_list, cmd_plot, cmd_run, cmd_serve, cmd_sft
+from areal_agents.cli.commands import (
+    cmd_config,
+    cmd_eval,
+    cmd_list,
+    cmd_plot,
+    cmd_run,
+    cmd_serve,
+    cmd_sft,
+    cmd_view,
+)
 from areal_agents.config import ConfigError
 from areal_agents.failures import UserError
 from areal_agents.inference.launcher import add_serve_args
@@ -26,7 +35,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 # arguments (after the program name), with which the ranks of a run re-enter it
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "sft": cmd_sft, "eval": cmd_eval, "serve": cmd_serve, "plot": cmd_plot, "list": cmd_list,
-    "config": cmd_config,
+    "config": cmd_config, "view": cmd_view,
 }
 
 _STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.runtime.stopping)
@@ -70,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(p)
     p.add_argument("--env", default="math", help="env whose tiny default model to serve without --model")
     sub.add_parser("plot", help="write PNG plots for a run directory").add_argument("run_dir")
+    p = sub.add_parser("view", help="serve a local page over run directories: live curves, episodes, tokens")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (several are overlaid)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other "
+                   "address lets anyone who reaches it read the runs, and prints a warning)")
     p = sub.add_parser("list", help="print the registries")
     p.add_argument("kind", nargs="?", choices=[*KINDS, *(k[:-1] for k in KINDS)], help="one registry only")
     p = sub.add_parser("config", help="show or check a config")

@@ -1,30 +1,27 @@
 """The asynchronous rollout executor: agent episodes on a background event loop, bounded staleness.
 
-:class:`RolloutExecutor` runs ``episode_fn(row, seed, episode_id) -> Trajectory`` coroutines
-(normally env + agent + LLM client, see :func:`make_episode_fn`) in an asyncio loop on its own
-thread, ``group_size`` episodes per dataset row, and hands finished groups to the trainer.
+:class:`RolloutExecutor` runs ``episode_fn(row, seed, episode_id) -> Trajectory`` coroutines (normally env +
+agent + LLM client, see :func:`make_episode_fn`) in an asyncio loop on its own thread, ``group_size`` episodes
+per dataset row, and hands finished groups to the trainer.
 
-**Staleness control**: groups are launched as :mod:`areal_agents.rollout.staleness` allows;
-when ``set_version(v)`` makes a running group stale its episodes are cancelled and it is dropped
-(``stale``), and ready batches are checked again when they are taken, so every trajectory in a
-batch taken at version t started at version ≥ t − η. Each episode runs under
-:func:`~areal_agents.rollout.episode.with_deadline` (``rollout.episode_timeout``).
+**Staleness control**: groups are launched as :mod:`areal_agents.rollout.staleness` allows; when
+``set_version(v)`` makes a running group stale its episodes are cancelled and it is dropped (``stale``), and
+ready batches are checked again when they are taken, so every trajectory in a batch taken at version t started at
+version ≥ t − η. Each episode runs under :func:`~areal_agents.rollout.episode.with_deadline` (``episode_timeout``).
 
-**Accounting.** Every submitted episode ends in exactly one counter, so at any time
-``submitted == accepted + failed + dropped + in_flight`` (:meth:`counts`):
+**Accounting.** Every submitted episode ends in one counter: ``submitted == accepted + failed + dropped + in_flight``:
 
 - ``accepted`` — ``ok`` episodes of groups handed out or ready to be;
-- ``failed`` — episodes with a non-``ok`` status (``env_error``, ``reward_error``, ``timeout``,
-  ``server_error``, ``aborted``), whatever the policy; per status in ``rollout/failed/<status>``.
-  ``failure_policy=drop`` drops the failed episode's whole group (batches keep groups of exactly
-  ``group_size``); ``zero`` keeps it in its group with reward 0 (set where the episode ends,
-  :func:`~areal_agents.rollout.returns.settle_returns`) and its status set, so the trainer can mask it;
-- ``dropped`` — ``ok`` episodes discarded with their group: by the group filter (``nonzero_std``;
-  after ``4 × batch_size`` groups in a row fail it, as when the policy always or never succeeds,
-  groups are kept until one passes again, so that training goes on instead of waiting for a group
-  that may never come), for staleness (with the episodes cancelled for it), or because a sibling
-  failed under ``drop``; ``rollout/dropped_groups`` counts those groups (by reason under
-  ``rollout/dropped_groups/*``);
+- ``failed`` — episodes with a non-``ok`` status (``env_error``, ``reward_error``, ``timeout``, ``server_error``,
+  ``aborted``), whatever the policy; per status in ``rollout/failed/<status>``; those of dropped groups are kept
+  for the episode record (:meth:`RolloutExecutor.take_failed`). ``failure_policy=drop`` drops the failed
+  episode's whole group (batches keep groups of exactly ``group_size``); ``zero`` keeps it in its group with
+  reward 0 (set where the episode ends, :func:`~areal_agents.rollout.returns.settle_returns`) and its status set;
+- ``dropped`` — ``ok`` episodes discarded with their group: by the group filter (``nonzero_std``; after
+  ``4 × batch_size`` groups in a row fail it, as when the policy always or never succeeds, groups are kept until
+  one passes again, so that training goes on instead of waiting for a group that may never come), for staleness
+  (with the episodes cancelled for it), or because a sibling failed under ``drop``; ``rollout/dropped_groups``
+  counts those groups (by reason under ``rollout/dropped_groups/*``);
 - ``in_flight`` — queued, running, or finished but waiting for the rest of their group.
 """
 
@@ -58,16 +55,15 @@ log = logging.getLogger("areal_agents.rollout")
 class RolloutExecutor:
     """Runs episode groups asynchronously and returns training batches (see the module doc).
 
-    ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when ``shuffle``);
-    ``submit(row)`` adds a group by hand. Every episode's return is settled from its ``turn_rewards``
-    with γ = ``turn_discount`` (``env.turn_discount``, checked by the config) and ``cfg.failure_policy``.
-    ``group_filter`` overrides ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown``
-    coroutine functions run on the executor's loop at shutdown (e.g. closing an HTTP client session
-    that lives on that loop). ``bounded_staleness=False`` limits launches by ``max_concurrent_rollouts``
-    only (rollout-only mode and evaluation). When every episode of ``max_failed_streak`` groups in a
-    row failed (servers down, a broken env), waiting raises :class:`EpisodesFailed` naming the failed
-    component and its last error instead of spinning forever (0 disables). Implements
-    :class:`~areal_agents.rollout.interface.Rollout`.
+    ``rows`` are cycled epoch after epoch (shuffled per epoch with ``seed`` when ``shuffle``); ``submit(row)``
+    adds a group by hand. Every episode's return is settled from its ``turn_rewards`` with γ = ``turn_discount``
+    (``env.turn_discount``, checked by the config) and ``cfg.failure_policy``. ``group_filter`` overrides
+    ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown`` coroutine functions run on the
+    executor's loop at shutdown (e.g. closing an HTTP client session that lives on that loop).
+    ``bounded_staleness=False`` limits launches by ``max_concurrent_rollouts`` only (rollout-only mode and
+    evaluation). When every episode of ``max_failed_streak`` groups in a row failed (servers down, a broken env),
+    waiting raises :class:`EpisodesFailed` naming the failed component and its last error instead of spinning
+    forever (0 disables). Implements :class:`~areal_agents.rollout.interface.Rollout`.
     """
 
     runs_in = "a thread of the trainer"
@@ -276,9 +272,8 @@ class RolloutExecutor:
         with self._cond:
             in_flight = sum(g.size for g in self._pending) + sum(g.size for g in self._active.values())
             led = self._ledger
-            return {"submitted": led.submitted, "accepted": led.accepted, "failed": led.failed,
-                    "dropped": led.dropped, "in_flight": in_flight, "running": self._running,
-                    "ready_groups": len(self._ready)}
+            return {"submitted": led.submitted, "accepted": led.accepted, "failed": led.failed, "dropped": led.dropped,
+                    "in_flight": in_flight, "running": self._running, "ready_groups": len(self._ready)}
 
     def stats(self) -> dict[str, float]:
         """Metrics of the last batch plus cumulative counters, with fixed names.
@@ -295,6 +290,11 @@ class RolloutExecutor:
             counts = {f"rollout/{k}": float(v) for k, v in self.counts().items() if k != "ready_groups"}
             return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
                     "rollout/skipped_rows": float(self._feeder.skipped)}
+
+    def take_failed(self) -> list[Trajectory]:
+        """The failed episodes of the groups dropped since the last call (the latest 1,024), for the record."""
+        with self._cond:
+            return self._ledger.take_dropped_failed()
 
     def state_dict(self) -> RolloutState:
         """Dataloader position plus the rows of groups not yet consumed (re-run after recovery)."""

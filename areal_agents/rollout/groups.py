@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from statistics import fmean, pstdev
@@ -182,6 +182,7 @@ class Ledger:
         self.dropped_groups: Counter[str] = Counter()
         self.failed_streak = 0  # consecutive groups in which every episode failed
         self.last_failed: Trajectory | None = None  # the last failed episode of such a group
+        self.dropped_failed: deque[Trajectory] = deque(maxlen=1024)  # failed episodes of dropped groups, for the record
 
     def fail_unlaunched(self, size: int) -> None:
         """A group cancelled before it started: its episodes end ``aborted``."""
@@ -204,10 +205,17 @@ class Ledger:
             else:
                 self.failed_streak = 0
         if drop_reason:
+            self.dropped_failed.extend(t for t in members if not t.ok and t.status in failed)
             self.dropped += len(members) - n_failed
             self.dropped_groups[drop_reason] += 1
         else:
             self.accepted += len(members) - n_failed
+
+    def take_dropped_failed(self) -> list[Trajectory]:
+        """The failed episodes of the groups dropped since the last call (the latest 1,024)."""
+        out = list(self.dropped_failed)
+        self.dropped_failed.clear()
+        return out
 
     def unaccept(self, members: list[Trajectory], drop_reason: str) -> None:
         """An accepted group is dropped after all (it became stale while waiting)."""

@@ -259,6 +259,9 @@ class RolloutProcess:
     def prepare_batch(self, timeout: float | None = None) -> list[list[Trajectory]]:
         return self._call("prepare_batch", timeout)  # type: ignore[no-any-return]
 
+    def take_failed(self) -> list[Trajectory]:
+        return list(self._call("take_failed"))
+
     def stats(self) -> dict[str, float]:
         return dict(self._call("stats"))
 

@@ -66,6 +66,7 @@ def test_multi_turn_token_bookkeeping() -> None:
     assert traj.input_ids[-1] == tok.eos_token_id
     assert traj.turn_rewards == [1.0, 2.0, 0.0]
     assert traj.info["end_reason"] == "terminated" and traj.info["success"] is True
+    assert traj.info["messages"] == msgs  # the conversation by role, for the episode record and its viewer
 
 
 def test_no_retokenization_each_request_extends_the_previous_one() -> None:

@@ -19,7 +19,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     spacing aside), so the command a newcomer copies is the one CI proves."""
     block = re.search(r"Run the tests:\n\n```bash\n(.*?)```", README.read_text(), re.S)
     assert block is not None
-    steps = [" ".join(step.split()) for step in block.group(1).split("&&")]
+    steps = [" ".join(step.split()) for step in block.group(1).replace("\\\n", " ").split("&&")]
     ci = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
     ci_line = next(line for line in ci.splitlines() if "pytest" in line)
     ci_steps = [" ".join(step.split()) for step in ci_line.split("||")[0].split("&&")]

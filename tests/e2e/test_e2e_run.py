@@ -66,6 +66,20 @@ def test_run_then_train_only(tmp_path: Path) -> None:
         assert sum("eval/accuracy" in r for r in rows) >= 3  # before, at step 2, after
         samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
         assert samples and all("+" in s["prompt"] and s["completion"] for s in samples)
+        # The episode record: one file per step, every trained episode of it (logging.episodes keeps 4 groups,
+        # the batch holds 2), its tokens as the trainer saw them (tests/record compares them with the batch).
+        from areal_agents.record import load
+
+        assert sorted(p.name for p in (run_dir / "episodes").iterdir()) == [f"step-{s:06d}.parquet"
+                                                                            for s in range(1, STEPS + 1)]
+        record = load(run_dir).to_pylist()
+        trained = [r for r in record if r["status"] == "ok"]
+        assert [r["step"] for r in trained] == [s for s in range(1, STEPS + 1) for _ in range(8)]
+        for r in trained:
+            assert r["env"] == "math" and "+" in r["prompt"] and r["n_tokens"] == len(r["input_ids"])
+            assert r["n_trained"] == sum(r["loss_mask"]) > 0 and len(r["token_text"]) == r["n_tokens"]
+            assert 0 <= r["staleness"] <= ETA and r["version_max"] <= r["step"] - 1
+            assert all(a == 0 for a, m in zip(r["advantages"], r["loss_mask"], strict=True) if not m)
 
         # The server serves exactly the weights the trainer exported last.
         info = httpx.get(f"http://{addr}/model_info", timeout=30).json()

@@ -35,6 +35,7 @@ _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its co
 COMMANDS: dict[str, dict[str, str]] = {
     "README.md": {
         'pip install torch==2.13.0 -e . && areal-agents run --env math': f"not run: {_DEFAULT_RUN}",
+        'apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver && '
         'pip install torch==2.13.0 -e .[dev] && pip download --no-deps -r tests/inference/sglang-frontend.txt -d .wheels '
         '&& python3 -m pytest -q': "not run: the test suite itself (.ci/run; tests/docs/test_docs_readme.py checks it "
                                    "runs this command)",
@@ -101,6 +102,14 @@ COMMANDS: dict[str, dict[str, str]] = {
     "docs/index.md": {
         "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
         "areal-agents run --env math": f"not run: {_DEFAULT_RUN}",
+    },
+    "docs/viewer.md": {
+        "areal-agents run --env guess-number": "not run: a default env run (about 3 min); the viewer's tests serve "
+                                               "recorded runs (tests/viewer/viewer_support.py)",
+        "areal-agents view runs/guess-number/trial":
+            "tests/viewer/test_viewer_server.py::test_two_runs_get_distinct_names_and_their_configs",
+        "areal-agents view runs/a/trial runs/b/trial --port 8800":
+            "tests/viewer/test_viewer_server.py::test_two_runs_get_distinct_names_and_their_configs",
     },
     "docs/byo_agent.md": {
         "areal-agents run --env math agent=my-agent imports=[my_agent.py]":
@@ -169,6 +178,8 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
                   f"{_HERE}::test_readme_env_trains_through_imports"},
     "docs/quickstart.md": {"# my_envs/reverse.py": f"{_HERE}::test_quickstart_reverse_package_learns_as_written"},
     "docs/custom_env.md": {"import asyncio": "tests/docs/test_docs_custom_env.py::test_custom_env_example_runs_verbatim"},
+    "docs/record.md": {"from areal_agents.record import load, summary, episode, group":
+                       "tests/record/test_record_run.py::test_the_record_holds_what_the_loss_read"},
     "docs/customize.md": {
         "def my_reward(completion: str, *, answer: str = \"\", **row) -> float: ...": "not run: a signature",
         "def my_dataset(split: str = \"train\", *, size: int | None = None, **kwargs) -> list[dict]: ...":

@@ -32,7 +32,7 @@ SDK_MODULES = [
     "areal_agents.runtime.stopping", "areal_agents.runtime.ids", "areal_agents.rollout",
     "areal_agents.rollout.process", "areal_agents.rollout.evaluation", "areal_agents.rollout.preflight",
     "areal_agents.inference.client",
-    "areal_agents.inference.sglang_version", "areal_agents.openai_compat.http",
+    "areal_agents.inference.sglang_version", "areal_agents.openai_compat.http", "areal_agents.viewer", "areal_agents.record",
 ]
 
 
