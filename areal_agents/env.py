@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from areal_agents.rewards import RewardRunner
 
 __all__ = ["GENERIC_PROBES", "DatasetMixin", "Env", "Observation", "ReferenceMixin", "RewardMixin", "TextSpace", "TurnLimitedEnv",
-           "is_messages", "reference_completion", "reference_conversation", "run_in_thread"]
+           "is_messages", "reference_completion", "reference_conversation"]
 
 Observation = str | list[dict[str, Any]]
 

@@ -7,7 +7,7 @@ const COLOURS = ["#2a6fdb", "#e67e22", "#27ae60", "#c0392b", "#8e44ad", "#16a085
 const DASHES = ["", "5 3", "2 2", "8 3 2 3"];
 const CHARTS = [
   { title: "Reward (train)", keys: ["rollout/reward"] },
-  { title: "Eval success / accuracy", match: (k) => /^eval\/(accuracy|success|reward|pass@)/.test(k) },
+  { title: "Eval success / accuracy", match: (k) => /^eval\/(accuracy|reward|pass@)/.test(k) },
   { title: "Loss", keys: ["train/loss", "train/pg_loss", "train/value_loss"] },
   { title: "KL and entropy", keys: ["train/approx_kl", "train/kl_ref", "train/entropy"] },
   { title: "Clip fraction", keys: ["train/clip_frac", "train/dual_clip_frac"] },
