@@ -12,12 +12,22 @@ The target: the summary of 100,000 episodes well under 1 s.
 real episodes of the env, written once by ``areal-agents run --env math mode=rollout`` with the
 warm-started default model) trained by :func:`trainers.loop.train_step` on the real engine, in
 blocks of ``--block`` steps without recording and with it (the advantages handed over as the
-run does, the step queued to a live :class:`EpisodeRecorder` whose writer thread runs beside
-the next steps), the blocks interleaved and their order rotated each repeat. Reported: the
-median step time of each arm and their ratio; the target is a recording cost of at most 2 %.
+run does, the step queued to a live :class:`EpisodeRecorder` whose writer process works beside
+the next steps), the trainer's threads as a run sets them beside its embedded server
+(``--all-cores``: every core). The blocks go off-on, on-off, ... so that a drift of the
+machine cancels out; the cost is the median of the ``--repeats`` paired ratios (with their
+range). Also reported: the hand-off's seconds on the training thread and the writer process's
+CPU seconds, per step. The target is a recording cost of at most 2 %.
+
+**A run's step.** ``--runs N`` also times N pairs of whole default runs (``areal-agents run --env
+math``, the warm start cached first) with ``logging.episodes=0`` and with the default, in
+alternating order: the seconds per training step from ``metrics.jsonl`` (``time/elapsed_s`` from
+the first step to the last, divided by the steps between), rollout, eval and weight syncs
+included, as a user's run spends them. Reported: each pair's ratio, their median and range.
+
 Writes ``benchmarks/results/record.json``.
 
-    python benchmarks/bench_record.py [--episodes 100000] [--repeats 3] [--block 4] [--skip-train]
+    python benchmarks/bench_record.py [--episodes 100000] [--repeats 20] [--block 8] [--runs 0] [--skip-train]
     python benchmarks/bench_record.py --smoke    # tiny sizes: checks that it runs, times nothing that counts
 """
 
@@ -49,15 +59,18 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+class Pieces:
+    """A tokenizer whose token i reads as a short word: the decoding cost of a real tokenizer's cache."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(f"t{i} " for i in ids)
+
+
 def synthetic_run(run_dir: Path, episodes: int, groups_per_step: int, group_size: int = 8, seed: int = 0) -> int:
     """Write a record of ``episodes`` episodes (``groups_per_step`` groups per step file) with the
     real writer; returns the number of step files."""
     from areal_agents.record import EpisodeRecorder, Recorded
     from areal_agents.types import Trajectory
-
-    class Pieces:  # token i reads as a short word: the decoding cost of a real tokenizer's cache
-        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-            return "".join(f"t{i} " for i in ids)
 
     rng = random.Random(seed)
     per_step = groups_per_step * group_size
@@ -112,15 +125,17 @@ def _rollouts(cfg_overrides: list[str], out: Path, episodes: int) -> Path:
     return path
 
 
-def train_costs(overrides: list[str], out: Path, repeats: int, block: int) -> dict[str, Any]:
-    """Median train-step seconds without and with recording, blocks interleaved (see the module doc)."""
+def train_costs(overrides: list[str], out: Path, repeats: int, block: int, all_cores: bool = False) -> dict[str, Any]:
+    """Median train-step seconds without and with recording, blocks interleaved (see the module doc);
+    the trainer's threads as a run sets them beside its embedded server, or ``all_cores``."""
+    import torch
     import transformers
 
     from algorithms.specs import get_algorithm
     from areal_agents.config.loader import load_config
     from areal_agents.record import EpisodeRecorder, Recorded
     from trainers.batching import load_trajectories
-    from trainers.loop import build_engine, train_step
+    from trainers.loop import build_engine, cpu_trainer_threads, train_step
     from trainers.sft import ensure_warm_model
 
     cfg = load_config(None, ["env.name=math", f"output_dir={out / 'runs'}", "logging.progress=false", *overrides])
@@ -130,41 +145,95 @@ def train_costs(overrides: list[str], out: Path, repeats: int, block: int) -> di
              if t.input_ids]
     batches = [trajs[i:i + per_step] for i in range(0, len(trajs) - per_step + 1, per_step)]
     spec = get_algorithm(cfg.algorithm.name)
+    threads = (os.cpu_count() or 1) if all_cores else cpu_trainer_threads(cfg.inference.num_servers)
+    torch.set_num_threads(threads)
     engine = build_engine(cfg, model, spec)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-    times: dict[str, list[float]] = {"off": [], "on": []}
+    blocks: dict[str, list[float]] = {"off": [], "on": []}  # mean step seconds of each block
     kept: list[Any] = []
+    handoff: list[float] = []  # training-thread seconds of each step's hand-off to the recorder
 
-    def keep(b: Any) -> None:  # what the run's on_trained does: each row's advantages as numpy
-        adv = b["advantages"].detach().to("cpu").float().numpy()
-        kept.extend(adv[i, :n].copy() for i, n in enumerate(b["seq_lens"].tolist()))
+    def keep(b: Any) -> None:  # what the run's on_trained does: one copy of the advantages
+        t0 = time.perf_counter()
+        kept[:] = [b["advantages"].detach().to("cpu", torch.float32).numpy().copy(), b["seq_lens"].tolist()]
+        handoff.append(time.perf_counter() - t0)
 
     with EpisodeRecorder(out / "record-run", keep=cfg.logging.episodes_kept, env="math", tokenizer=tokenizer) as rec:
         step = 0
         for warm in batches[:2]:  # warm-up: the allocator and the first shapes
             train_step(engine, spec, cfg, warm)
         for r in range(repeats):
-            for arm in (["off", "on"] if r % 2 == 0 else ["on", "off"]):
+            for arm in (["off", "on"] if r % 2 == 0 else ["on", "off"]):  # ABBA: a drift cancels out
+                t_block = time.perf_counter()
                 for _ in range(block):
                     batch = batches[step % len(batches)]
                     step += 1
                     kept.clear()
-                    t0 = time.perf_counter()
                     if arm == "on":
                         train_step(engine, spec, cfg, batch, keep)
-                        rec.record(step, [Recorded(str(t.info.get("episode_id", i)), i % cfg.rollout.group_size, t, a)
-                                          for i, (t, a) in enumerate(zip(batch, kept, strict=True))],
-                                   policy_version=step)
+                        t0 = time.perf_counter()
+                        adv, lens = kept
+                        rec.record(step, [Recorded(str(batch[i].info.get("episode_id", i)), i % cfg.rollout.group_size,
+                                                   batch[i], adv[i, :lens[i]])
+                                          for i in rec.kept([t.group_id for t in batch])], policy_version=step)
+                        handoff[-1] += time.perf_counter() - t0
                     else:
                         train_step(engine, spec, cfg, batch)
-                    times[arm].append(time.perf_counter() - t0)
-    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+                blocks[arm].append((time.perf_counter() - t_block) / block)
+        writer_cpu = _writer_cpu_s()
+    ratios = [on / off - 1.0 for on, off in zip(blocks["on"], blocks["off"], strict=True)]
     record = out / "record-run" / "episodes"
     recorded = sum(1 for _ in record.glob("step-*.parquet")) and _episodes_in(record.parent)
-    return {"step_s_off": off, "step_s_on": on, "cost": on / off - 1.0, "steps_per_arm": len(times["on"]),
-            "episodes_per_step": per_step, "kept_groups": cfg.logging.episodes,
-            "bytes_per_1000_episodes": round(_dir_bytes(record) / max(1, recorded) * 1000),
-            "all_times": times}
+    on_steps = repeats * block
+    return {"step_s_off": statistics.median(blocks["off"]), "step_s_on": statistics.median(blocks["on"]),
+            "cost": statistics.median(ratios), "cost_min": min(ratios), "cost_max": max(ratios),
+            "handoff_s": statistics.median(handoff), "writer_cpu_s_per_step": writer_cpu / on_steps,
+            "steps_per_arm": on_steps, "block": block, "repeats": repeats,
+            "episodes_per_step": per_step, "kept_groups": cfg.logging.episodes, "trainer_threads": threads,
+            "bytes_per_1000_episodes": round(_dir_bytes(record) / max(1, recorded) * 1000), "blocks": blocks}
+
+
+def _writer_cpu_s() -> float:
+    """CPU seconds of this process's writer children so far (the spawned processes)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children():
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                cpu = child.cpu_times()
+                total += cpu.user + cpu.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def run_costs(pairs: int, out: Path, overrides: list[str]) -> dict[str, Any]:
+    """Seconds per training step of whole default runs without and with the record (see the module doc)."""
+    def step_seconds(episodes: str, name: str) -> float:
+        subprocess.run([sys.executable, "-m", "areal_agents.cli", "run", "--env", "math", f"output_dir={out}",
+                        f"trial_name={name}", f"logging.episodes={episodes}", "logging.progress=false", *overrides],
+                       check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
+        rows = [json.loads(line) for line in (out / "math" / name / "metrics.jsonl").read_text().splitlines()]
+        steps = [(r["step"], r["time/elapsed_s"]) for r in rows if "time/elapsed_s" in r and r.get("step", 0) >= 1]
+        (s0, t0), (s1, t1) = steps[0], steps[-1]
+        return (t1 - t0) / (s1 - s0)
+
+    default = _default_episodes()
+    runs: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(pairs):
+        for arm in (["off", "on"] if i % 2 == 0 else ["on", "off"]):
+            runs[arm].append(step_seconds("0" if arm == "off" else default, f"{arm}-{i}"))
+            print(f"  run {arm}-{i}: {runs[arm][-1]:.4f} s a step", flush=True)
+    ratios = [on / off - 1.0 for on, off in zip(runs["on"], runs["off"], strict=True)]
+    return {"pairs": pairs, "step_s": runs, "cost": statistics.median(ratios), "cost_min": min(ratios),
+            "cost_max": max(ratios), "logging.episodes": default}
+
+
+def _default_episodes() -> str:
+    from areal_agents.config.loader import load_config
+
+    return str(load_config(None, ["env.name=math"]).logging.episodes)
 
 
 def _episodes_in(run_dir: Path) -> int:
@@ -176,9 +245,12 @@ def _episodes_in(run_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--block", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=0, help="pairs of whole default runs to time (0: none)")
     ap.add_argument("--skip-train", action="store_true", help="only the reading part")
+    ap.add_argument("--all-cores", action="store_true",
+                    help="train on every core (default: the cores a run leaves its trainer beside one embedded server)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: that it runs, no figure that counts")
     ap.add_argument("--override", nargs="*", default=[], help="config overrides of the train-step part")
     ap.add_argument("--out", type=Path, default=RESULTS / "record.json")
@@ -202,10 +274,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['summary_warm_s']:.3f} s (target < {TARGET_SUMMARY_S} s); one episode {r['episode_lookup_s']:.3f} s; "
               f"{r['bytes_per_1000_episodes']} bytes per 1,000 synthetic episodes")
         if not args.skip_train:
-            result["train"] = t = train_costs(overrides, Path(tmp), args.repeats, args.block)
-            print(f"train step: {t['step_s_off']:.3f} s without recording, {t['step_s_on']:.3f} s with it: cost "
-                  f"{100 * t['cost']:+.2f} % (target <= {100 * TARGET_COST:.0f} %); {t['bytes_per_1000_episodes']} "
-                  "bytes per 1,000 real math episodes")
+            result["train"] = t = train_costs(overrides, Path(tmp), args.repeats, args.block, args.all_cores)
+            print(f"train step ({t['trainer_threads']} trainer threads): {t['step_s_off']:.4f} s without recording, "
+                  f"{t['step_s_on']:.4f} s with it: cost {100 * t['cost']:+.2f} % (median of {t['repeats']} paired "
+                  f"blocks of {t['block']} steps; range {100 * t['cost_min']:+.1f} to {100 * t['cost_max']:+.1f} %; "
+                  f"target <= {100 * TARGET_COST:.0f} %); hand-off on the training thread {1000 * t['handoff_s']:.2f} "
+                  f"ms a step, the writer process's CPU {1000 * t['writer_cpu_s_per_step']:.2f} ms a step; "
+                  f"{t['bytes_per_1000_episodes']} bytes per 1,000 real math episodes")
+        if args.runs:
+            result["run"] = u = run_costs(args.runs, Path(tmp) / "whole", overrides)
+            print(f"a run's step: cost {100 * u['cost']:+.2f} % (median of {u['pairs']} pairs of default runs; range "
+                  f"{100 * u['cost_min']:+.1f} to {100 * u['cost_max']:+.1f} %; target <= {100 * TARGET_COST:.0f} %)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

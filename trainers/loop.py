@@ -162,7 +162,8 @@ class _Rank0:
         self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
         self.recorder: EpisodeRecorder | None = None  # the episode record (rank 0 of a training run)
         self._trained: list[tuple[str, int, Trajectory]] = []  # the batch's (episode id, group index, trajectory)
-        self._advantages: list[np.ndarray] = []  # the loss's advantages of each, as on_trained saw them
+        self._advantages = np.zeros((0, 0), dtype=np.float32)  # the loss's advantages (rows: trajectories)
+        self._seq_lens: list[int] = []  # each trajectory's tokens in that matrix
         self._failed: list[Trajectory] = []  # failed episodes the rollout dropped while the batch was gathered
 
     @classmethod
@@ -175,11 +176,9 @@ class _Rank0:
         stack.callback(executor.shutdown)
         eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
         r0 = cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
-        if cfg.mode == "full" and cfg.logging.episodes_kept != 0:  # its own tokenizer: decoded on its thread
-            import transformers
-
+        if cfg.mode == "full" and cfg.logging.episodes_kept != 0:  # the writer process gets a copy of the tokenizer
             r0.recorder = EpisodeRecorder(Path(cfg.run_dir), keep=cfg.logging.episodes_kept, env=cfg.env.name,
-                                          tokenizer=transformers.AutoTokenizer.from_pretrained(model_path))
+                                          tokenizer=tokenizer)
             stack.callback(r0.recorder.close)  # what is queued is written, at a normal end and on a stop alike
         return r0
 
@@ -203,19 +202,24 @@ class _Rank0:
         return tdist.broadcast_object([s for _, _, s in self._trained])
 
     def keep_advantages(self, batch: Batch) -> None:
-        """``on_trained`` of :func:`train_step`: each trajectory's advantages as its loss used them."""
-        adv = batch["advantages"].detach().to("cpu", torch.float32).numpy()
-        self._advantages = [np.array(adv[i, :n]) for i, n in enumerate(batch["seq_lens"].tolist())]
+        """``on_trained`` of :func:`train_step`: the advantages as the loss used them (one copy of
+        the batch's matrix; the rows the record keeps are cut from it in :meth:`record`)."""
+        self._advantages = batch["advantages"].detach().to("cpu", torch.float32).numpy().copy()
+        self._seq_lens = batch["seq_lens"].tolist()
 
     def record(self, step: int, version: int) -> None:
-        """Hand the step's trajectories and the failed episodes to the episode record (weights
-        ``version - 1`` were trained); the writer does the rest on its own thread."""
+        """Hand the step's kept trajectories and the failed episodes to the episode record (weights
+        ``version - 1`` were trained); the writer process does the rest."""
         if self.recorder is None:
             return
-        trained = [Recorded(eid, k, t, adv) for (eid, k, t), adv in zip(self._trained, self._advantages, strict=True)]
+        assert len(self._seq_lens) == len(self._trained), "keep_advantages saw another batch"
+        trained = []
+        for i in self.recorder.kept([t.group_id for _, _, t in self._trained]):
+            eid, k, t = self._trained[i]
+            trained.append(Recorded(eid, k, t, self._advantages[i, : self._seq_lens[i]]))
         failed = [Recorded(_episode_id(t, _group_index(t)), _group_index(t), t) for t in self._failed]
         self.recorder.record(step, trained, failed, policy_version=version - 1)
-        self._trained, self._advantages, self._failed = [], [], []
+        self._trained, self._failed = [], []
 
     def pause(self) -> None:  # the executor's calls, on rank 0 only
         if self.executor is not None:

@@ -1,9 +1,10 @@
-"""The episode record's writer: what a training step saw, written off the training thread (no torch).
+"""The episode record's writer: what a training step saw, written outside the training process (no torch).
 
 The trainer calls :meth:`EpisodeRecorder.record` once per step with the trajectories it trained
 (and the advantages its loss used) and the failed episodes the rollout dropped meanwhile. That
-call only applies the retention rule and puts plain data on a bounded queue; a writer thread
-decodes the token texts, builds the columns of :data:`~areal_agents.record.schema.SCHEMA` and
+call only applies the retention rule and hands the rows to a writer process (a pool of one, so
+the step's Python work never holds the training thread's interpreter lock), which decodes the
+token texts, builds the columns of :data:`~areal_agents.record.schema.SCHEMA` and
 writes ``episodes/step-NNNNNN.parquet`` atomically (a temporary name, then a rename), zstd
 compressed; every :data:`~areal_agents.record.schema.INDEX_EVERY` steps it writes the index file of
 their light columns. A failed write costs one warning line and that step's file, never the run.
@@ -11,12 +12,20 @@ their light columns. A failed write costs one warning line and that step's file,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import multiprocessing
+import multiprocessing.connection
 import os
-import queue
+import pickle
+import signal
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +42,6 @@ __all__ = ["EpisodeRecorder", "Recorded", "build_table", "failure_text"]
 
 log = logging.getLogger("areal_agents.record")
 
-_STOP = object()
 _STATISTICS = ["episode_id", "step", "group_id", "status"]  # what readers filter on; other statistics cost bytes
 _DICTIONARY = ["env", "status", "token_text"]  # few distinct values: dictionary-encoded
 
@@ -49,13 +57,6 @@ class Recorded:
     advantages: np.ndarray | Sequence[float] | None = None
 
 
-@dataclass(frozen=True)
-class _Step:
-    step: int
-    policy_version: int
-    rows: list[Recorded]
-
-
 def failure_text(traj: Trajectory) -> str:
     """``""`` for an ``ok`` trajectory, else ``component: cause`` with only the last line of the
     cause (the exception's own line, not its traceback)."""
@@ -69,27 +70,47 @@ def failure_text(traj: Trajectory) -> str:
 
 
 class _Decoder:
-    """Token texts, each id decoded once (the vocabulary is small next to the tokens of a run)."""
+    """Token texts: each id decoded once into a table indexed by id (the vocabulary is small next
+    to the tokens of a run), so a row's pieces are one gather; whole texts decoded a step at a time."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.pieces: dict[int, str] = {}
+        self.table = np.empty(0, dtype=object)  # table[i]: the text of id i, or None while not decoded
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._batch = backend.decode_batch if backend is not None and plain else None
 
-    def piece(self, token: int) -> str:
-        text = self.pieces.get(token)
-        if text is None:
-            text = (str(token) if self.tokenizer is None
-                    else str(self.tokenizer.decode([token], skip_special_tokens=False)))
-            self.pieces[token] = text
-        return text
-
-    def text(self, ids: Sequence[int]) -> str:
+    def _decode_one(self, token: int) -> str:
         if self.tokenizer is None:
-            return " ".join(map(str, ids))
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+            return str(token)
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
+
+    def pieces(self, ids: Sequence[int]) -> np.ndarray:
+        """The text of each token of ``ids`` (an array of ``str``)."""
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.size == 0:
+            return np.empty(0, dtype=object)
+        if int(arr.max()) >= len(self.table):
+            grown = np.full(int(arr.max()) + 1, None, dtype=object)
+            grown[: len(self.table)] = self.table
+            self.table = grown
+        got = self.table[arr]
+        missing = got == None  # noqa: E711 - elementwise, on an object array
+        if missing.any():
+            for token in set(arr[missing].tolist()):
+                self.table[token] = self._decode_one(token)
+            got = self.table[arr]
+        return got
+
+    def texts(self, rows: Sequence[Sequence[int]]) -> list[str]:
+        if self.tokenizer is None:
+            return [" ".join(map(str, ids)) for ids in rows]
+        if self._batch is not None:  # one call for the step: the fast tokenizer's own decode
+            return [str(t) for t in self._batch([list(ids) for ids in rows], skip_special_tokens=False)]
+        return [str(self.tokenizer.decode(list(ids), skip_special_tokens=False)) for ids in rows]
 
 
-def _messages(traj: Trajectory, pieces: list[str]) -> list[dict[str, Any]]:
+def _messages(traj: Trajectory, pieces: np.ndarray) -> list[dict[str, Any]]:
     """The conversation: the agent's own ``info["messages"]`` when it kept them, else the token
     spans in order, each generated turn an ``assistant`` message and the tokens between turns
     (prompt, env replies, tool outputs, with the chat template's markup) a ``user`` message."""
@@ -107,12 +128,18 @@ def _messages(traj: Trajectory, pieces: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _row(item: Recorded, step: int, policy_version: int, env: str, decoder: _Decoder) -> dict[str, Any]:
+_TOKEN_DTYPES = {"input_ids": np.int32, "token_text": object, "loss_mask": np.int8, "logprobs": np.float32,
+                 "versions": np.int32, "advantages": np.float32}  # the token-aligned columns, built as arrays
+
+
+def _row(item: Recorded, step: int, policy_version: int, env: str, decoder: _Decoder, text: str) -> dict[str, Any]:
+    """One row: its plain columns as values, its token-aligned columns as arrays."""
     traj = item.traj
     n = len(traj.input_ids)
-    pieces = [decoder.piece(int(t)) for t in traj.input_ids]
-    generated = [v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m and v >= 0]
+    pieces = decoder.pieces(traj.input_ids)
     mask = np.asarray(traj.loss_mask, dtype=np.int8)
+    versions = np.asarray(traj.versions, dtype=np.int32)
+    generated = versions[(mask != 0) & (versions >= 0)]
     if item.advantages is None:
         adv = np.zeros(n, dtype=np.float32)
     else:
@@ -122,99 +149,158 @@ def _row(item: Recorded, step: int, policy_version: int, env: str, decoder: _Dec
     first_user = next((m.get("content") for m in messages if m.get("role") == "user"), None)
     info = {k: v for k, v in traj.info.items() if k != "messages"}
     calls = traj.info.get("calls")
-    vmin = min(generated) if generated else -1
+    vmin = int(generated.min()) if generated.size else -1
     return {
         "episode_id": item.episode_id, "step": step, "group_id": traj.group_id, "group_index": item.group_index,
         "env": env, "status": traj.status, "failure": failure_text(traj), "reward": float(traj.reward),
         "success": None if success is None else bool(success), "n_turns": len(traj.turn_spans), "n_tokens": n,
-        "n_trained": int(mask.sum()), "version_min": vmin, "version_max": max(generated) if generated else -1,
-        "staleness": policy_version - vmin if generated else 0,
+        "n_trained": int(mask.sum()), "version_min": vmin,
+        "version_max": int(generated.max()) if generated.size else -1,
+        "staleness": policy_version - vmin if generated.size else 0,
         "prompt": traj.prompt_text or (first_user if isinstance(first_user, str) else ""),
-        "text": decoder.text(traj.input_ids), "input_ids": traj.input_ids, "token_text": pieces, "loss_mask": mask,
-        "logprobs": np.asarray(traj.logprobs, dtype=np.float32), "versions": traj.versions, "advantages": adv,
-        "turn_spans": [list(s) for s in traj.turn_spans], "turn_rewards": traj.turn_rewards,
+        "text": text, "input_ids": np.asarray(traj.input_ids, dtype=np.int32), "token_text": pieces,
+        "loss_mask": mask, "logprobs": np.asarray(traj.logprobs, dtype=np.float32), "versions": versions,
+        "advantages": adv, "turn_spans": [list(s) for s in traj.turn_spans], "turn_rewards": traj.turn_rewards,
         "turn_returns": traj.turn_returns, "messages": json.dumps(messages, ensure_ascii=False, default=str),
         "info": json.dumps(info, ensure_ascii=False, default=str),
         "calls": json.dumps(calls if isinstance(calls, list) else [], ensure_ascii=False, default=str),
     }
 
 
+def _token_column(parts: list[np.ndarray], offsets: pa.Array, kind: pa.DataType) -> pa.Array:
+    """One token-aligned column: the rows' arrays end to end, cut at ``offsets``."""
+    values = np.concatenate(parts) if parts else np.empty(0)
+    return pa.ListArray.from_arrays(offsets, pa.array(values, type=kind.value_type), type=kind)
+
+
 def build_table(rows: Sequence[Recorded], step: int, policy_version: int, env: str = "",
                 tokenizer: Any = None) -> pa.Table:
     """The record of one step as a table of :data:`SCHEMA` (``tokenizer`` decodes the token
     texts; without one they are the ids as text)."""
-    decoder = _Decoder(tokenizer)
-    built = [_row(item, step, policy_version, env, decoder) for item in rows]
-    return pa.Table.from_pydict({name: [r[name] for r in built] for name in SCHEMA.names}, schema=SCHEMA)
+    return _build(rows, step, policy_version, env, _Decoder(tokenizer))
+
+
+def _build(rows: Sequence[Recorded], step: int, policy_version: int, env: str, decoder: _Decoder) -> pa.Table:
+    """:func:`build_table` with ``decoder``'s cache of token texts."""
+    texts = decoder.texts([item.traj.input_ids for item in rows])
+    built = [_row(item, step, policy_version, env, decoder, text) for item, text in zip(rows, texts, strict=True)]
+    offsets = pa.array(np.concatenate([[0], np.cumsum([r["n_tokens"] for r in built])]), type=pa.int32())
+    columns = [_token_column([r[f.name] for r in built], offsets, f.type) if f.name in _TOKEN_DTYPES
+               else pa.array([r[f.name] for r in built], type=f.type) for f in SCHEMA]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
 class EpisodeRecorder:
-    """Writes each training step's episodes to ``run_dir/episodes/`` on a thread of its own.
+    """Writes each training step's episodes to ``run_dir/episodes/`` in a process of its own.
 
-    ``keep``: the groups kept per step (``None``: all; 0 records nothing and starts no thread);
+    ``keep``: the groups kept per step (``None``: all; 0 records nothing and starts no process);
     failed episodes are kept up to ``keep`` groups' worth of them. ``env`` names the env in every
-    row; ``tokenizer`` decodes the token texts (on the writer thread). At most ``queue_size``
-    steps wait to be written: a step recorded while the queue is full waits for room, so memory
-    stays bounded. :meth:`close` writes what is queued and stops the thread (idempotent).
+    row; ``tokenizer`` decodes the token texts (in the writer process: a fast tokenizer travels as
+    its definition, any other must pickle). The writer is a process, not a thread, because the
+    step's Python work there would hold the interpreter lock the training thread needs between
+    its operations. At most ``queue_size`` steps wait to be written: a step recorded while that
+    many are queued waits for the oldest, so memory stays bounded. :meth:`close` writes what is
+    queued and stops the process (idempotent); the process ignores SIGINT and SIGTERM (a stop
+    reaches the trainer, which closes the recorder) and ends by itself when the trainer dies.
     """
 
     def __init__(self, run_dir: str | Path, *, keep: int | None = None, env: str = "", tokenizer: Any = None,
                  queue_size: int = 4) -> None:
         if keep is not None and keep < 0:
             raise ValueError(f"keep must be >= 0 or None for all (got {keep})")
-        self.run_dir, self.keep, self.env, self.tokenizer = Path(run_dir), keep, env, tokenizer
-        self.written: list[int] = []  # steps whose file is on disk
+        self.run_dir, self.keep, self.env = Path(run_dir), keep, env
         self.failed_writes = 0
-        self._queue: queue.Queue[_Step | object] = queue.Queue(maxsize=max(1, queue_size))
-        self._thread: threading.Thread | None = None
-        self._light: dict[int, pa.Table] = {}  # light columns of the steps written since the last index file
+        self._written: list[int] = []
+        self._queue_size = max(1, queue_size)
+        self._pending: deque[tuple[int, Future[int]]] = deque()
+        self._pool: ProcessPoolExecutor | None = None
         if keep != 0:
-            self._thread = threading.Thread(target=self._work, name="episode-recorder", daemon=True)
-            self._thread.start()
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_open_writer,
+                                             initargs=(str(self.run_dir), env, _portable(tokenizer)))
 
     @property
     def enabled(self) -> bool:
-        return self._thread is not None
+        return self._pool is not None
 
-    def _first_groups(self, rows: Sequence[Recorded]) -> list[Recorded]:
-        """The rows of the first ``keep`` groups (all rows when ``keep`` is None)."""
+    @property
+    def written(self) -> list[int]:
+        """The steps whose file is on disk (as far as the writer has told so far)."""
+        self._settle(block=False)
+        return list(self._written)
+
+    def kept(self, group_ids: Sequence[str]) -> list[int]:
+        """The retention rule: the indices of the rows of the first ``keep`` groups among rows of
+        ``group_ids`` (all of them when ``keep`` is None), so a caller builds only those."""
         if self.keep is None:
-            return list(rows)
+            return list(range(len(group_ids)))
         groups: set[str] = set()
         out = []
-        for r in rows:
-            if r.traj.group_id not in groups:
+        for i, gid in enumerate(group_ids):
+            if gid not in groups:
                 if len(groups) >= self.keep:
                     continue
-                groups.add(r.traj.group_id)
-            out.append(r)
+                groups.add(gid)
+            out.append(i)
         return out
 
     def record(self, step: int, trained: Sequence[Recorded], failed: Sequence[Recorded] = (), *,
                policy_version: int = 0) -> None:
         """Queue the record of training step ``step``: the ``trained`` trajectories (the first
-        ``keep`` groups of them) and the ``failed`` ones dropped meanwhile; ``policy_version`` is
-        the weight version the step trained (a row's staleness is it minus its oldest token's)."""
-        if self._thread is None:
+        ``keep`` groups of them: a caller may pass only those, see :meth:`kept`) and the ``failed``
+        ones dropped meanwhile; ``policy_version`` is the weight version the step trained (a row's
+        staleness is it minus its oldest token's)."""
+        if self._pool is None:
             return
-        rows = self._first_groups(trained)
+        rows = [trained[i] for i in self.kept([r.traj.group_id for r in trained])]
         if self.keep is None:
             rows += failed
         else:  # as many failed episodes as ``keep`` groups hold
             per_group = len(trained) // max(1, len({r.traj.group_id for r in trained})) or 1
             rows += failed[: self.keep * per_group]
-        self._queue.put(_Step(step, policy_version, rows))
+        self._settle(block=False)
+        while len(self._pending) >= self._queue_size:
+            self._settle_one(*self._pending.popleft(), timeout=None)
+        try:
+            self._pending.append((step, self._pool.submit(_write_step, step, policy_version, rows)))
+        except RuntimeError as exc:  # the writer process is gone (killed): this step is lost, training goes on
+            self._failed(step, exc)
+
+    def _settle(self, block: bool) -> None:
+        while self._pending and (block or self._pending[0][1].done()):
+            self._settle_one(*self._pending.popleft(), timeout=None)
+
+    def _settle_one(self, step: int, future: Future[int], timeout: float | None) -> None:
+        try:
+            self._written.append(future.result(timeout))
+        except FutureTimeout:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a full or broken disk must not stop training
+            self._failed(step, exc)
+
+    def _failed(self, step: int, exc: BaseException) -> None:
+        self.failed_writes += 1
+        if self.failed_writes == 1:
+            log.warning("episode record: step %d not written (%s: %s); training goes on, later "
+                        "failures are not reported", step, type(exc).__name__, exc)
 
     def close(self, timeout: float = 120.0) -> None:
-        """Write what is queued, then stop the writer thread (at most ``timeout`` seconds)."""
-        thread, self._thread = self._thread, None
-        if thread is None:
+        """Write what is queued, then stop the writer process (at most ``timeout`` seconds)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
             return
-        self._queue.put(_STOP)
-        thread.join(timeout)
-        if thread.is_alive():
+        deadline = time.monotonic() + timeout
+        try:
+            while self._pending:
+                step, future = self._pending[0]
+                self._settle_one(step, future, timeout=max(0.0, deadline - time.monotonic()))
+                self._pending.popleft()
+        except FutureTimeout:
             log.warning("episode record: the writer did not finish within %s s; the last steps may be missing",
                         timeout)
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> EpisodeRecorder:
         return self
@@ -222,43 +308,88 @@ class EpisodeRecorder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ writer thread
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            assert isinstance(item, _Step)
-            try:
-                self._write(item)
-            except Exception as exc:  # noqa: BLE001 - a full or broken disk must not stop training
-                self.failed_writes += 1
-                if self.failed_writes == 1:
-                    log.warning("episode record: step %d not written (%s: %s); training goes on, later "
-                                "failures are not reported", item.step, type(exc).__name__, exc)
 
-    def _write(self, item: _Step) -> None:
-        table = build_table(item.rows, item.step, item.policy_version, self.env, self.tokenizer)
-        _write_atomically(table, step_file(self.run_dir, item.step))
-        self.written.append(item.step)
-        self._light[item.step] = table.select(list(LIGHT_COLUMNS))
-        if item.step % INDEX_EVERY == 0:
-            self._write_index(item.step)
+# ---------------------------------------------------------------------- the writer process
+def _portable(tokenizer: Any) -> Any:
+    """What the writer process gets of ``tokenizer``: a fast tokenizer's definition (JSON, no
+    transformers import there) when its decoding is the backend's own, else the object itself,
+    which must pickle."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return ("tokenizers", backend.to_str())
+    try:
+        pickle.dumps(tokenizer)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure reads the same to the user
+        raise TypeError(f"the episode record decodes token texts in a writer process, so its tokenizer must "
+                        f"pickle; {type(tokenizer).__name__} does not ({type(exc).__name__}: {exc})") from None
+    return tokenizer
+
+
+class _StepWriter:
+    """The writer process's state: the token texts decoded so far and the light columns of the
+    steps written since the last index file."""
+
+    def __init__(self, run_dir: str, env: str, tokenizer: Any) -> None:
+        if isinstance(tokenizer, tuple) and tokenizer[:1] == ("tokenizers",):
+            import tokenizers
+
+            tokenizer = tokenizers.Tokenizer.from_str(tokenizer[1])
+        self.run_dir, self.env, self.decoder = Path(run_dir), env, _Decoder(tokenizer)
+        self.light: dict[int, pa.Table] = {}
+
+    def write(self, step: int, policy_version: int, rows: list[Recorded]) -> int:
+        table = _build(rows, step, policy_version, self.env, self.decoder)
+        _write_atomically(table, step_file(self.run_dir, step))
+        self.light[step] = table.select(list(LIGHT_COLUMNS))
+        if step % INDEX_EVERY == 0:
+            self._write_index(step)
+        return step
 
     def _write_index(self, last: int) -> None:
         """The light columns of steps ``last - INDEX_EVERY + 1 .. last`` in one file: those written
-        by this recorder from memory, the others (a resumed run's) from their step files."""
+        by this process from memory, the others (a resumed run's) from their step files."""
         parts = []
         for step in range(last - INDEX_EVERY + 1, last + 1):
-            part = self._light.pop(step, None)
+            part = self.light.pop(step, None)
             path = step_file(self.run_dir, step)
             if part is None and path.is_file():
                 part = pq.read_table(path, columns=list(LIGHT_COLUMNS), schema=SCHEMA)
             if part is not None:
                 parts.append(part)
-        self._light = {s: t for s, t in self._light.items() if s > last}
+        self.light = {s: t for s, t in self.light.items() if s > last}
         if parts:
             _write_atomically(pa.concat_tables(parts), index_file(self.run_dir, last))
+
+
+_WRITER: _StepWriter | None = None  # set in the writer process by _open_writer
+
+
+def _open_writer(run_dir: str, env: str, tokenizer: Any) -> None:
+    """The writer process's start: one thread of work at the lowest priority, so that it takes
+    from the trainer only the CPU the trainer leaves; stops come through the trainer."""
+    global _WRITER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    with contextlib.suppress(OSError):
+        os.nice(19)
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # the pool's queue never closes while this process holds both its ends
+        threading.Thread(target=_end_with, args=(parent.sentinel,), name="writer-watchdog", daemon=True).start()
+    _WRITER = _StepWriter(run_dir, env, tokenizer)
+
+
+def _end_with(sentinel: int) -> None:
+    """Exit when the trainer's process ends (its sentinel becomes ready), however it ended."""
+    multiprocessing.connection.wait([sentinel])
+    os._exit(0)
+
+
+def _write_step(step: int, policy_version: int, rows: list[Recorded]) -> int:
+    assert _WRITER is not None, "the writer process starts with _open_writer"
+    return _WRITER.write(step, policy_version, rows)
 
 
 def _write_atomically(table: pa.Table, path: Path) -> None:

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -208,3 +212,63 @@ def test_a_run_dir_that_does_not_exist_is_an_error_not_an_empty_record(tmp_path:
     for read in (load, summary):
         with pytest.raises(FileNotFoundError, match="no such run directory"):
             read(tmp_path / "runs" / "typo")
+
+
+def test_a_tokenizer_that_cannot_pickle_is_refused_at_once(tmp_path: Path) -> None:
+    """The writer process gets a copy of the tokenizer: one that cannot travel fails at the start, in one line."""
+
+    class Local(PieceTokenizer):  # a class inside a function does not pickle
+        pass
+
+    with pytest.raises(TypeError, match="tokenizer must pickle; Local does not"):
+        EpisodeRecorder(tmp_path, tokenizer=Local())
+    assert not (tmp_path / "episodes").exists()
+
+
+_TRAINER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_record_writer import batch
+from areal_agents.record import EpisodeRecorder
+rec = EpisodeRecorder(Path(sys.argv[1]))
+for line in sys.stdin:  # "N": record step N, wait until it is written, say so
+    step = int(line)
+    rec.record(step, batch(1))
+    rec._settle(block=True)
+    print(step in rec.written, flush=True)
+"""
+
+
+def test_the_writer_process_ignores_ctrl_c_and_ends_with_its_trainer(tmp_path: Path) -> None:
+    """A Ctrl-C reaches the whole process group: the writer lives on until the trainer closes it
+    (so the queued steps are written); a trainer killed outright leaves no writer behind."""
+    with subprocess.Popen([sys.executable, "-c", _TRAINER, str(tmp_path), str(Path(__file__).parent)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          start_new_session=True) as proc:
+        _check_the_writer(proc)
+    assert summary(tmp_path)["step"].to_pylist() == [1] * 3 + [2] * 3
+
+
+def _check_the_writer(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    def step(n: int) -> str:
+        stdin.write(f"{n}\n")
+        stdin.flush()
+        return stdout.readline().strip()
+
+    try:
+        assert step(1) == "True"
+        writers = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(writers) == 1
+        writers[0].send_signal(signal.SIGINT)
+        writers[0].send_signal(signal.SIGTERM)
+        assert step(2) == "True"  # the same writer wrote the next step: the signals did not end it
+        assert writers[0].is_running()
+        proc.kill()
+        proc.wait()
+        writers[0].wait(timeout=60)  # its trainer is gone: it ends by itself
+    finally:
+        proc.kill()
