@@ -59,13 +59,6 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-class Pieces:
-    """A tokenizer whose token i reads as a short word: the decoding cost of a real tokenizer's cache."""
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return "".join(f"t{i} " for i in ids)
-
-
 def synthetic_run(run_dir: Path, episodes: int, groups_per_step: int, group_size: int = 8, seed: int = 0) -> int:
     """Write a record of ``episodes`` episodes (``groups_per_step`` groups per step file) with the
     real writer; returns the number of step files."""
@@ -75,7 +68,7 @@ def synthetic_run(run_dir: Path, episodes: int, groups_per_step: int, group_size
     rng = random.Random(seed)
     per_step = groups_per_step * group_size
     steps = -(-episodes // per_step)
-    with EpisodeRecorder(run_dir, tokenizer=Pieces(), env="math", queue_size=8) as rec:
+    with EpisodeRecorder(run_dir, env="math", queue_size=8) as rec:  # token texts: the ids
         for step in range(1, steps + 1):
             rows: list[Recorded] = []
             for g in range(groups_per_step):
@@ -194,13 +187,13 @@ def train_costs(overrides: list[str], out: Path, repeats: int, block: int, all_c
 
 
 def _writer_cpu_s() -> float:
-    """CPU seconds of this process's writer children so far (the spawned processes)."""
+    """CPU seconds of this process's episode-record writer children so far."""
     import psutil
 
     total = 0.0
     for child in psutil.Process().children():
         try:
-            if any("spawn_main" in part for part in child.cmdline()):
+            if any("writer_main" in part for part in child.cmdline()):
                 cpu = child.cpu_times()
                 total += cpu.user + cpu.system
         except psutil.Error:

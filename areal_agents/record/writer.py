@@ -2,9 +2,9 @@
 
 The trainer calls :meth:`EpisodeRecorder.record` once per step with the trajectories it trained
 (and the advantages its loss used) and the failed episodes the rollout dropped meanwhile. That
-call only applies the retention rule and hands the rows to a writer process (a pool of one, so
-the step's Python work never holds the training thread's interpreter lock), which decodes the
-token texts, builds the columns of :data:`~areal_agents.record.schema.SCHEMA` and
+call only applies the retention rule and queues the rows; a thread of the recorder hands them
+to a writer process (so the step's Python work never holds the training thread's interpreter
+lock), which decodes the token texts, builds the columns of :data:`~areal_agents.record.schema.SCHEMA` and
 writes ``episodes/step-NNNNNN.parquet`` atomically (a temporary name, then a rename), zstd
 compressed; every :data:`~areal_agents.record.schema.INDEX_EVERY` steps it writes the index file of
 their light columns. A failed write costs one warning line and that step's file, never the run.
@@ -15,18 +15,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
-import signal
+import queue
+import socket
+import subprocess
+import sys
 import threading
-import time
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -197,11 +195,13 @@ class EpisodeRecorder:
     failed episodes are kept up to ``keep`` groups' worth of them. ``env`` names the env in every
     row; ``tokenizer`` decodes the token texts (in the writer process: a fast tokenizer travels as
     its definition, any other must pickle). The writer is a process, not a thread, because the
-    step's Python work there would hold the interpreter lock the training thread needs between
-    its operations. At most ``queue_size`` steps wait to be written: a step recorded while that
-    many are queued waits for the oldest, so memory stays bounded. :meth:`close` writes what is
-    queued and stops the process (idempotent); the process ignores SIGINT and SIGTERM (a stop
-    reaches the trainer, which closes the recorder) and ends by itself when the trainer dies.
+    step's Python work would hold the interpreter lock the training thread needs between its
+    operations; a thread of the recorder only hands it the queued steps. At most ``queue_size``
+    steps wait: a step recorded while the queue is full waits for room, so memory stays bounded.
+    :meth:`close` writes what is queued and stops the process (idempotent). The process is
+    ``python -c`` (it never imports the caller's script), in a session of its own (a Ctrl-C
+    reaches the trainer, which closes the recorder), and ends by itself when the trainer's end
+    of its socket closes, however the trainer ended.
     """
 
     def __init__(self, run_dir: str | Path, *, keep: int | None = None, env: str = "", tokenizer: Any = None,
@@ -211,22 +211,22 @@ class EpisodeRecorder:
         self.run_dir, self.keep, self.env = Path(run_dir), keep, env
         self.failed_writes = 0
         self._written: list[int] = []
-        self._queue_size = max(1, queue_size)
-        self._pending: deque[tuple[int, Future[int]]] = deque()
-        self._pool: ProcessPoolExecutor | None = None
+        self._queue: queue.Queue[tuple[int, int, list[Recorded]] | None] = queue.Queue(maxsize=max(1, queue_size))
+        self._process: _WriterProcess | None = None
+        self._unusable: str | None = None  # why no writer process can be set up, once one could not
+        self._thread: threading.Thread | None = None
         if keep != 0:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_open_writer,
-                                             initargs=(str(self.run_dir), env, _portable(tokenizer)))
+            spec = _portable(tokenizer)
+            self._thread = threading.Thread(target=self._pump, args=(spec,), name="episode-recorder", daemon=True)
+            self._thread.start()
 
     @property
     def enabled(self) -> bool:
-        return self._pool is not None
+        return self._thread is not None
 
     @property
     def written(self) -> list[int]:
-        """The steps whose file is on disk (as far as the writer has told so far)."""
-        self._settle(block=False)
+        """The steps whose file is on disk."""
         return list(self._written)
 
     def kept(self, group_ids: Sequence[str]) -> list[int]:
@@ -250,7 +250,7 @@ class EpisodeRecorder:
         ``keep`` groups of them: a caller may pass only those, see :meth:`kept`) and the ``failed``
         ones dropped meanwhile; ``policy_version`` is the weight version the step trained (a row's
         staleness is it minus its oldest token's)."""
-        if self._pool is None:
+        if self._thread is None:
             return
         rows = [trained[i] for i in self.kept([r.traj.group_id for r in trained])]
         if self.keep is None:
@@ -258,55 +258,77 @@ class EpisodeRecorder:
         else:  # as many failed episodes as ``keep`` groups hold
             per_group = len(trained) // max(1, len({r.traj.group_id for r in trained})) or 1
             rows += failed[: self.keep * per_group]
-        self._settle(block=False)
-        while len(self._pending) >= self._queue_size:
-            self._settle_one(*self._pending.popleft(), timeout=None)
-        try:
-            self._pending.append((step, self._pool.submit(_write_step, step, policy_version, rows)))
-        except RuntimeError as exc:  # the writer process is gone (killed): this step is lost, training goes on
-            self._failed(step, exc)
+        self._queue.put((step, policy_version, rows))
 
-    def _settle(self, block: bool) -> None:
-        while self._pending and (block or self._pending[0][1].done()):
-            self._settle_one(*self._pending.popleft(), timeout=None)
-
-    def _settle_one(self, step: int, future: Future[int], timeout: float | None) -> None:
-        try:
-            self._written.append(future.result(timeout))
-        except FutureTimeout:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a full or broken disk must not stop training
-            self._failed(step, exc)
-
-    def _failed(self, step: int, exc: BaseException) -> None:
-        self.failed_writes += 1
-        if self.failed_writes == 1:
-            log.warning("episode record: step %d not written (%s: %s); training goes on, later "
-                        "failures are not reported", step, type(exc).__name__, exc)
+    def flush(self) -> None:
+        """Wait until every step recorded so far is written (or has failed)."""
+        if self._thread is not None:
+            self._queue.join()
 
     def close(self, timeout: float = 120.0) -> None:
         """Write what is queued, then stop the writer process (at most ``timeout`` seconds)."""
-        pool, self._pool = self._pool, None
-        if pool is None:
+        thread, self._thread = self._thread, None
+        if thread is None:
             return
-        deadline = time.monotonic() + timeout
-        try:
-            while self._pending:
-                step, future = self._pending[0]
-                self._settle_one(step, future, timeout=max(0.0, deadline - time.monotonic()))
-                self._pending.popleft()
-        except FutureTimeout:
+        self._queue.put(None)
+        thread.join(timeout)
+        if thread.is_alive():
             log.warning("episode record: the writer did not finish within %s s; the last steps may be missing",
                         timeout)
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
+            if self._process is not None:
+                self._process.kill()
 
     def __enter__(self) -> EpisodeRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _failed(self, step: int, why: str) -> None:
+        self.failed_writes += 1
+        if self.failed_writes == 1:
+            log.warning("episode record: step %d not written (%s); training goes on, later failures are not "
+                        "reported", step, why)
+
+    def _pump(self, spec: Any) -> None:
+        """The recorder's thread: starts the writer process, hands it each queued step in turn
+        and notes its answer; a writer that died is started again for the next step."""
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    break
+                self._hand_over(item, spec)
+            finally:
+                self._queue.task_done()
+        if self._process is not None:
+            self._process.stop()
+
+    def _hand_over(self, item: tuple[int, int, list[Recorded]], spec: Any) -> None:
+        step = item[0]
+        if self._unusable is not None:
+            self._failed(step, self._unusable)
+            return
+        try:
+            if self._process is None:
+                self._process = _WriterProcess(str(self.run_dir), self.env, spec)
+            self._process.conn.send(item)
+            answer = self._process.conn.recv()
+        except _WriterUnusable as exc:
+            self._unusable = f"the writer process could not start: {exc}"
+            self._failed(step, self._unusable)
+        except (OSError, EOFError) as exc:  # the writer is gone (killed, or never started)
+            if self._process is not None:
+                self._process.kill()
+                self._process = None
+            self._failed(step, f"the writer process ended: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - rows that do not pickle: that step only
+            self._failed(step, f"{type(exc).__name__}: {exc}")
+        else:
+            if answer == step:
+                self._written.append(step)
+            else:
+                self._failed(step, str(answer))
 
 
 # ---------------------------------------------------------------------- the writer process
@@ -317,6 +339,9 @@ def _portable(tokenizer: Any) -> Any:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return ("tokenizers", backend.to_str())
+    if type(tokenizer).__module__ == "__main__":
+        raise TypeError(f"the episode record decodes token texts in a writer process, which does not run your "
+                        f"script: define {type(tokenizer).__name__} in a module")
     try:
         pickle.dumps(tokenizer)
     except Exception as exc:  # noqa: BLE001 - any pickling failure reads the same to the user
@@ -361,35 +386,70 @@ class _StepWriter:
             _write_atomically(pa.concat_tables(parts), index_file(self.run_dir, last))
 
 
-_WRITER: _StepWriter | None = None  # set in the writer process by _open_writer
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from areal_agents.record.writer import writer_main; writer_main(int(sys.argv[2]))")
 
 
-def _open_writer(run_dir: str, env: str, tokenizer: Any) -> None:
-    """The writer process's start: one thread of work at the lowest priority, so that it takes
-    from the trainer only the CPU the trainer leaves; stops come through the trainer."""
-    global _WRITER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class _WriterUnusable(Exception):
+    """The writer process could not set itself up (the reason is the message): no step will be written."""
+
+
+class _WriterProcess:
+    """The writer process and the recorder's end of its socket."""
+
+    def __init__(self, run_dir: str, env: str, tokenizer: Any) -> None:
+        ours, theirs = socket.socketpair()
+        self.conn = Connection(ours.detach())
+        with theirs:  # the writer's end, closed here once the writer holds it
+            fd = theirs.fileno()
+            self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(fd)], pass_fds=(fd,),
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.conn.send((run_dir, env, tokenizer))
+        ready = self.conn.recv()
+        if ready is not True:
+            self.kill()
+            raise _WriterUnusable(str(ready))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Close the socket (the writer ends at its end of file) and reap the process."""
+        self.conn.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.conn.close()
+
+
+def writer_main(fd: int) -> None:
+    """The writer process: its settings from the first message, then one step a message, each
+    answered with the step (written) or the reason it was not, until the recorder's end closes.
+    It runs one thread of work at the lowest priority, taking only the CPU the trainer leaves."""
+    conn = Connection(fd)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     with contextlib.suppress(OSError):
         os.nice(19)
-    parent = multiprocessing.parent_process()
-    if parent is not None:  # the pool's queue never closes while this process holds both its ends
-        threading.Thread(target=_end_with, args=(parent.sentinel,), name="writer-watchdog", daemon=True).start()
-    _WRITER = _StepWriter(run_dir, env, tokenizer)
-
-
-def _end_with(sentinel: int) -> None:
-    """Exit when the trainer's process ends (its sentinel becomes ready), however it ended."""
-    multiprocessing.connection.wait([sentinel])
-    os._exit(0)
-
-
-def _write_step(step: int, policy_version: int, rows: list[Recorded]) -> int:
-    assert _WRITER is not None, "the writer process starts with _open_writer"
-    return _WRITER.write(step, policy_version, rows)
+    try:
+        try:
+            writer = _StepWriter(*conn.recv())
+        except Exception as exc:  # noqa: BLE001 - told to the recorder, which stops recording
+            conn.send(f"{type(exc).__name__}: {exc}")
+            return
+        conn.send(True)
+        while True:
+            data = conn.recv_bytes()
+            try:
+                step, policy_version, rows = pickle.loads(data)
+                conn.send(writer.write(step, policy_version, rows))
+            except Exception as exc:  # noqa: BLE001 - a full or broken disk costs that step, not the run
+                conn.send(f"{type(exc).__name__}: {exc}")
+    except (EOFError, OSError):  # the recorder closed its end, or its process is gone
+        return
 
 
 def _write_atomically(table: pa.Table, path: Path) -> None:
