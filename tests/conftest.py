@@ -1,5 +1,9 @@
 """Suite-wide test settings and shared fixtures.
 
+Under ``pytest -n N`` (pytest-xdist, as the README's test command runs) each worker and the
+processes its tests start use one OpenMP thread: N workers share the machine's cores, and a
+pool sized for all of them would spin against the other workers' tests.
+
 Property tests (hypothesis) are derandomized when the ``CI`` environment variable is set (as
 ``.ci/run`` and CI services do): the same code always meets the same examples there, so a red
 CI run means a code change. Locally each run draws new examples and replays failures saved in
@@ -29,6 +33,9 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers (-n N): a thread each, here and in its runs
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("local")
