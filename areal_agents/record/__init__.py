@@ -7,7 +7,8 @@ and :func:`group`. The columns are :data:`SCHEMA`; ``docs/record.md`` explains e
 
 from areal_agents.record.reader import episode, group, load, record_files, summary
 from areal_agents.record.schema import EPISODES_DIR, INDEX_EVERY, LIGHT_COLUMNS, SCHEMA, TOKEN_COLUMNS, step_file
-from areal_agents.record.writer import EpisodeRecorder, Recorded, build_table
+from areal_agents.record.table import Recorded, build_table
+from areal_agents.record.writer import EpisodeRecorder
 
 __all__ = [
     "EPISODES_DIR",

@@ -37,8 +37,8 @@ COMMANDS: dict[str, dict[str, str]] = {
         'pip install torch==2.13.0 -e . && areal-agents run --env math': f"not run: {_DEFAULT_RUN}",
         'apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver && '
         'pip install torch==2.13.0 -e .[dev] && pip download --no-deps -r tests/inference/sglang-frontend.txt -d .wheels '
-        '&& python3 -m pytest -q': "not run: the test suite itself (.ci/run; tests/docs/test_docs_readme.py checks it "
-                                   "runs this command)",
+        '&& python3 -m pytest -q -n 2': "not run: the test suite itself (.ci/run; tests/docs/test_docs_readme.py checks it "
+                                      "runs this command)",
         "pip install torch==2.13.0 -e .": f"not run: {_INSTALL}",
         "pip install -e .[sglang]": f"not run: {_INSTALL}",
         "pip install -e .[docs]": f"not run: {_INSTALL}; the docs build: tests/docs/test_docs_site.py",
