@@ -38,6 +38,7 @@ from areal_agents.rollout import Rollout
 from areal_agents.rollout.evaluation import run_eval
 from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
+from areal_agents.runtime.cpus import usable_cpus
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, load_trajectories
@@ -294,11 +295,11 @@ def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: s
 
 
 def cpu_trainer_threads(num_servers: int, cpus: int | None = None) -> int:
-    """The trainer's threads on ``cpus`` cores (default: this machine's) shared with
+    """The trainer's threads on ``cpus`` cores (default: those this process may use) shared with
     ``num_servers`` embedded CPU servers: the cores they leave, at least one. The servers hold
     ``cpus // (n + 1)`` threads each (:func:`areal_agents.inference.launcher.launch_servers`);
     oversubscribed OpenMP pools busy-wait."""
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cpus()
     return max(1, cpus - num_servers * max(1, cpus // (num_servers + 1)))
 
 

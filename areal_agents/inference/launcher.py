@@ -29,6 +29,7 @@ from pathlib import Path
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import UserError
 from areal_agents.inference.sglang_version import sglang_version_problem
+from areal_agents.runtime.cpus import usable_cpus
 from areal_agents.runtime.lifeline import die_with_parent
 from areal_agents.runtime.stopping import on_hard_exit
 
@@ -218,7 +219,7 @@ def launch_servers(
     env = dict(env or {})
     if backend == "embedded" and str(cfg.inference.device) == "cpu" and "OMP_NUM_THREADS" not in {**os.environ, **env}:
         # CPU servers and the trainer share the cores; oversubscribed OpenMP pools busy-wait.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (n + 1)))
+        env["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // (n + 1)))
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="areal-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
     group = ServerGroup()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import pickle
 import threading
 import time
@@ -24,6 +23,7 @@ from areal_agents.config.loader import user_files
 from areal_agents.failures import function_location
 from areal_agents.rewards.builtin import RewardFn, resolve_reward
 from areal_agents.rewards.worker import Worker, check_not_in_worker, main_script_file
+from areal_agents.runtime.cpus import usable_cpus
 
 __all__ = [
     "RewardResult",
@@ -54,11 +54,7 @@ class RewardResult:
 def default_reward_workers() -> int:
     """Reward worker processes when none are configured: one per CPU this process may use, at
     most 8 (rewards are short CPU-bound calls; more workers than cores only add memory)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 8))
+    return max(1, min(usable_cpus(), 8))
 
 
 class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
