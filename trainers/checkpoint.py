@@ -40,7 +40,7 @@ from trainers import dist as tdist
 from trainers.hf_io import fsync_dir, publish_dir
 
 if TYPE_CHECKING:
-    from areal_agents.rollout.interface import RolloutState
+    from areal_agents.rollout.interface import SavedRollout
     from trainers.engine import ShardedModel, TrainEngine
 
 __all__ = ["CheckpointMismatch", "Checkpointer", "Restored", "find_latest", "rng_state", "set_rng_state"]
@@ -101,7 +101,7 @@ class Restored(TypedDict):
 
     step: int
     version: int
-    rollout: RolloutState | None
+    rollout: SavedRollout | None
     extra: dict[str, Any] | None
     path: str
 
@@ -141,7 +141,7 @@ class Checkpointer:
             out[name] = {"model": model_sd, "optim": optim_sd}
         return out
 
-    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: RolloutState | None = None,
+    def save(self, engine: TrainEngine, *, step: int, version: int, rollout: SavedRollout | None = None,
              extra: dict[str, Any] | None = None) -> Path:
         """Write checkpoint ``step`` atomically and point ``latest`` at it; return its path."""
         name = f"{_PREFIX}{step:08d}"
@@ -246,7 +246,7 @@ class Checkpointer:
         return self._stop
 
     @contextlib.contextmanager
-    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, RolloutState | None]]) -> Iterator[Checkpointer]:
+    def save_on_sigterm(self, state_fn: Callable[[], tuple[TrainEngine, int, int, SavedRollout | None]]) -> Iterator[Checkpointer]:
         """While inside, SIGTERM requests a save instead of killing the process.
 
         The loop should check :meth:`stop_requested` at each step boundary and leave; on the

@@ -32,11 +32,12 @@ from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import inference_servers
+from areal_agents.online.rollout import build_online_rollout, gateway_line
 from areal_agents.record import EpisodeRecorder, Recorded
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.evaluation import run_eval
-from areal_agents.rollout.interface import RolloutState
+from areal_agents.rollout.interface import SavedRollout
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.runtime.cpus import usable_cpus
 from areal_agents.types import Trajectory
@@ -177,7 +178,7 @@ class _Rank0:
         stack.callback(executor.shutdown)
         eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
         r0 = cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
-        if cfg.mode == "full" and cfg.logging.episodes_kept != 0:  # the writer process gets a copy of the tokenizer
+        if cfg.mode in ("full", "online") and cfg.logging.episodes_kept != 0:  # the writer process gets a copy of the tokenizer
             r0.recorder = EpisodeRecorder(Path(cfg.run_dir), keep=cfg.logging.episodes_kept, env=cfg.env.name,
                                           tokenizer=tokenizer)
             stack.callback(r0.recorder.close)  # what is queued is written, at a normal end and on a stop alike
@@ -234,11 +235,13 @@ class _Rank0:
                 self.executor.resume()
             else:
                 self.executor.start()
+                if self.cfg.mode == "online":  # where the agents outside the run reach it
+                    self.display.note(gateway_line(self.cfg.run_dir))
 
-    def state_dict(self) -> RolloutState | None:
+    def state_dict(self) -> SavedRollout | None:
         return self.executor.state_dict() if self.executor is not None else None
 
-    def load_state_dict(self, state: RolloutState | None) -> None:
+    def load_state_dict(self, state: SavedRollout | None) -> None:
         if self.executor is not None:
             if state is None:
                 raise ValueError("invalid rollout state (the checkpoint holds none)")
@@ -282,16 +285,18 @@ def _group_index(traj: Trajectory) -> int:
 
 def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,
                       display: RunDisplay) -> Rollout:
-    """The rollout executor: in a process of its own for training (``rollout.process``) unless
-    a registration cannot be sent there; on a thread of this process otherwise."""
-    if cfg.rollout.process and cfg.mode == "full":
+    """The rollout: the executor over the dataset, or the gateway of an online run
+    (``mode=online``); in a process of its own for training (``rollout.process``) unless a
+    registration cannot be sent there; on a thread of this process otherwise."""
+    build = build_online_rollout if cfg.mode == "online" else build_executor
+    if cfg.rollout.process and cfg.mode in ("full", "online"):
         try:
             blob = registrations(cfg)
         except ValueError as exc:
             display.note(f"rollout runs on a thread of the trainer: {exc}")
         else:
-            return RolloutProcess(cfg, addresses, model_path, registrations_blob=blob)
-    return build_executor(cfg, addresses, model_path, tokenizer)
+            return RolloutProcess(cfg, addresses, model_path, registrations_blob=blob, build=build)
+    return build(cfg, addresses, model_path, tokenizer)
 
 
 def cpu_trainer_threads(num_servers: int, cpus: int | None = None) -> int:
@@ -327,7 +332,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     ckpt = Checkpointer(run_dir / "checkpoints", fingerprint={
         "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name,
         **({"lora_rank": cfg.actor.lora.rank} if cfg.actor.lora.enabled else {})})
-    resume_from = _latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode == "full" else None
+    resume_from = (_latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode in ("full", "online")
+                   else None)
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
@@ -386,6 +392,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "gen_tokens_per_s": float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in history] or [0.0])),
             "rollout": r0.executor.runs_in if r0.executor is not None else "a thread of the trainer",
         }
+        if cfg.mode == "online" and r0.executor is not None:  # opened == trained + dropped + in_flight
+            summary["sessions"] = {k.partition("/")[2]: int(v) for k, v in r0.stats().items()
+                                   if k.startswith("online/") and k != "online/batch_groups"}
     return r0.finish(summary, plots=True)
 
 

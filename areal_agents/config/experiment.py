@@ -15,6 +15,7 @@ from areal_agents.config.sections import (
     EvalConfig,
     InferenceConfig,
     LoggingConfig,
+    OnlineConfig,
     RayConfig,
     RolloutConfig,
     SamplingConfig,
@@ -32,8 +33,9 @@ class ExperimentConfig(Section):
     experiment_name: str | None = f(None, "Groups trials under runs/<experiment_name>/; None = the env's name.")
     trial_name: str = f("trial", "Output dir is runs/<experiment_name>/<trial_name>/.")
     output_dir: str = f("runs", "Root directory of run outputs.")
-    mode: str = f("full", "full (rollout + train), rollout (write JSONL) or train (from JSONL).",
-                  one_of("full", "rollout", "train"))
+    mode: str = f("full", "full (rollout + train), online (train from sessions that agents outside the run open "
+                          "through the gateway: docs/online.md), rollout (write JSONL) or train (from JSONL).",
+                  one_of("full", "online", "rollout", "train"))
     train_data: str | None = f(None, "mode=train: rollout JSONL to train from.")
     seed: int = f(1, "Global seed.")
     imports: list[str] = f([], "Modules or .py files imported first, to register custom envs/agents/algorithms.")
@@ -56,6 +58,7 @@ class ExperimentConfig(Section):
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    online: OnlineConfig = field(default_factory=OnlineConfig)
 
     def __post_init__(self) -> None:
         if self.experiment_name is None:

@@ -35,6 +35,7 @@ __all__ = [
     "InferenceConfig",
     "LoggingConfig",
     "LoraConfig",
+    "OnlineConfig",
     "RayConfig",
     "RolloutConfig",
     "SFTConfig",
@@ -176,6 +177,25 @@ class RolloutConfig(Section):
             (self.skip_no_signal == 0 or self.group_filter != "none", "skip_no_signal",
              "needs a rollout.group_filter (it skips rows whose group the filter dropped)"),
         ]
+
+
+@dataclass
+class OnlineConfig(Section):
+    """mode=online: the gateway through which agents outside the run open sessions, call the model and post
+    rewards (docs/online.md)."""
+
+    host: str = f("127.0.0.1", "Address the gateway binds; anything but loopback is reachable from other "
+                               "machines (a warning says so).")
+    port: int = f(8400, "Gateway port; 0 = any free port (RUN_DIR/gateway.json says which).", within("[0, 65535]"))
+    admin_key_env: str = f("AREAL_AGENTS_ADMIN_KEY", "Environment variable holding the admin key (opens sessions).")
+    admin_key_file: str | None = f(None, "File holding the admin key, when the variable is unset; with neither, "
+                                         "a fresh key is written to RUN_DIR/admin_key (mode 600).")
+    session_ttl: float = f(600.0, "Seconds after a session's last call (or its opening) within which its reward "
+                                  "may come; later it is dropped as expired.", gt(0))
+    max_open_sessions: int = f(1024, "Sessions open at once; more are refused with 429.", ge(1))
+    max_request_bytes: int = f(4 * 1024**2, "Largest request body the gateway reads (413 beyond).", ge(1024))
+    batch_sessions: int | None = f(None, "Rewarded sessions per training step; None = rollout.batch_size x "
+                                         "rollout.group_size.", ge(1))
 
 
 @dataclass

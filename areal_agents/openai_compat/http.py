@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -30,13 +30,13 @@ from areal_agents.openai_compat.schema import APIError, parse_request
 from areal_agents.openai_compat.session import ChatSession, completion_chunks
 from areal_agents.runtime.ids import new_key
 
-__all__ = ["Endpoint", "MODEL_NAME", "ROUTES", "add_routes", "add_serve_routes"]
+__all__ = ["Endpoint", "MODEL_NAME", "ROUTES", "add_routes", "add_serve_routes", "request_key"]
 
 MODEL_NAME = "policy"
 """The model id ``/v1/models`` lists (any ``model`` string is accepted)."""
 
 Fallback = Callable[[web.Request], ChatSession]
-_SESSIONS: web.AppKey[dict[str, ChatSession]] = web.AppKey("openai_sessions")
+_SESSIONS: web.AppKey[Mapping[str, ChatSession]] = web.AppKey("openai_sessions")
 _FALLBACK: web.AppKey[Fallback] = web.AppKey("openai_fallback")
 
 
@@ -44,7 +44,7 @@ def _error(err: APIError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
-def _key(request: web.Request) -> str | None:
+def request_key(request: web.Request) -> str | None:
     """The episode key of ``request``: in its path, else its API key."""
     key = request.match_info.get("key")
     auth = request.headers.get("Authorization", "")
@@ -57,7 +57,7 @@ def _key(request: web.Request) -> str | None:
 
 def _session(request: web.Request) -> ChatSession:
     sessions = request.app[_SESSIONS]
-    key = _key(request)
+    key = request_key(request)
     if key is not None and key in sessions:
         return sessions[key]
     fallback = request.app.get(_FALLBACK)
@@ -99,7 +99,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
 """``(method, path, handler)`` of every route; each is also served under ``/<key>``."""
 
 
-def add_routes(app: web.Application, sessions: dict[str, ChatSession] | None = None,
+def add_routes(app: web.Application, sessions: Mapping[str, ChatSession] | None = None,
                fallback: Fallback | None = None) -> None:
     """Serve :data:`ROUTES` on ``app`` for ``sessions`` (and ``fallback``)."""
     app[_SESSIONS] = sessions if sessions is not None else {}
@@ -172,7 +172,7 @@ class Endpoint:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        key, task = _key(request), asyncio.current_task()
+        key, task = request_key(request), asyncio.current_task()
         running = self._running.get(key) if key is not None else None
         if running is None or task is None:
             return await handler(request)

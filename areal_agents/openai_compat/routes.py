@@ -96,10 +96,13 @@ async def read_json(request: web.Request) -> Any:
 
 
 def as_api_error(exc: Exception) -> APIError:
-    """What an endpoint answers for ``exc``: an :class:`APIError` as it is, a failed generation
-    as a 502, anything else as a 500 (the endpoint keeps serving)."""
+    """What an endpoint answers for ``exc``: an :class:`APIError` as it is, aiohttp's HTTP errors
+    with their status, a failed generation as a 502, anything else as a 500 (the endpoint keeps serving)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, web.HTTPException):  # aiohttp's own refusals (413: a body over the size limit)
+        return APIError(exc.reason or exc.text or "", status=exc.status,
+                        type="invalid_request_error" if exc.status < 500 else "server_error")
     if isinstance(exc, InferenceError):
         return APIError(f"generation failed: {exc}", status=502, type="server_error")
     return APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error")

@@ -2,18 +2,20 @@
 
 :class:`~areal_agents.rollout.executor.RolloutExecutor` (a thread of this process) and
 :class:`~areal_agents.rollout.process.RolloutProcess` (the same executor in a child process)
-both implement it, so the RL loop holds a ``Rollout`` and never asks which one it has.
+both implement it, and so does an online run's :class:`~areal_agents.online.rollout.OnlineRollout`,
+so the RL loop holds a ``Rollout`` and never asks which one it has.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, TypedDict
+from collections.abc import Mapping
+from typing import Any, Protocol, TypedDict
 
 from areal_agents.config import RolloutConfig
 from areal_agents.rollout.groups import FeederState
 from areal_agents.types import Trajectory
 
-__all__ = ["Rollout", "RolloutState"]
+__all__ = ["Rollout", "RolloutState", "SavedRollout"]
 
 
 class RolloutState(TypedDict):
@@ -25,6 +27,11 @@ class RolloutState(TypedDict):
     serial: int
     consumed_groups: int
     unconsumed: list[list[int]]
+
+
+SavedRollout = Mapping[str, Any]
+"""What a checkpoint keeps of any rollout: a dataset run's :class:`RolloutState`, an online run's
+:class:`~areal_agents.online.sessions.OnlineState`; each rollout loads only its own."""
 
 
 class Rollout(Protocol):
@@ -65,6 +72,6 @@ class Rollout(Protocol):
 
     def counts(self) -> dict[str, int]: ...
 
-    def state_dict(self) -> RolloutState: ...
+    def state_dict(self) -> SavedRollout: ...
 
-    def load_state_dict(self, state: RolloutState) -> None: ...
+    def load_state_dict(self, state: Any) -> None: ...

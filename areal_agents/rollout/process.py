@@ -7,8 +7,8 @@ in a child process and forwards its calls over a socket: the calls of the
 :class:`~areal_agents.rollout.interface.Rollout` protocol behave as the executor's, and an error
 raised in the child is raised again in the caller.
 
-The child is built by :func:`build_executor` from the run's config, server addresses and model
-path. It starts from a fresh interpreter, so it receives the parent's registrations (envs,
+The child's rollout is built by :func:`build_executor` (or the ``build`` function given, e.g. an
+online run's) from the run's config, server addresses and model path. It starts from a fresh interpreter, so it receives the parent's registrations (envs,
 agents, rewards, datasets): registered classes and functions travel by reference and are
 imported again there. The script being run (``__main__``) is not imported again (unguarded, it
 would start another run), so what it defines itself stays behind. The child ignores SIGINT and SIGTERM (the trainer decides when a run
@@ -29,19 +29,23 @@ import sys
 import threading
 import types
 from multiprocessing.connection import Connection
+from collections.abc import Callable
 from typing import Any
 
 from areal_agents.config import ExperimentConfig
 from areal_agents.config.loader import import_user_module, user_files
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
-from areal_agents.rollout.interface import Rollout, RolloutState
+from areal_agents.rollout.interface import Rollout, SavedRollout
 from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
 __all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]
 
 _KINDS = ("envs", "agents", "datasets", "rewards")  # what an episode looks up
+
+Build = Callable[[ExperimentConfig, list[str], str], Rollout]
+"""``build(cfg, addresses, model_path) -> Rollout``: what the child runs (a module-level function)."""
 
 
 class RolloutProcessDied(RuntimeError):
@@ -127,13 +131,13 @@ def _child(fd: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
     conn = Connection(fd)
-    executor: RolloutExecutor | None = None
+    executor: Rollout | None = None
     try:
-        path, blob, cfg, addresses, model_path = conn.recv()
+        path, blob, cfg, addresses, model_path, build = conn.recv()
         sys.path[:] = path
         try:
             _register(blob)
-            executor = build_executor(cfg, addresses, model_path)
+            executor = build(cfg, addresses, model_path)
         except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
             conn.send((0, False, _portable(exc)))
             return
@@ -169,7 +173,8 @@ def _portable(exc: Exception) -> Exception:
 
 
 class RolloutProcess:
-    """:func:`build_executor` ``(cfg, addresses, model_path)`` in a child process (see the module doc).
+    """``build(cfg, addresses, model_path)`` (default :func:`build_executor`) in a child process
+    (see the module doc).
 
     ``registrations_blob`` comes from :func:`registrations`. The child builds its executor
     while the caller goes on (the trainer loads its model meanwhile); the first call waits for
@@ -179,14 +184,14 @@ class RolloutProcess:
     runs_in = "its own process"
 
     def __init__(self, cfg: ExperimentConfig, addresses: list[str], model_path: str, *,
-                 registrations_blob: bytes) -> None:
+                 registrations_blob: bytes, build: Build = build_executor) -> None:
         ours, theirs = socket.socketpair()
         with theirs:  # a fresh interpreter: the script that started the run is not imported again
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", f"from areal_agents.rollout.process import _child; _child({theirs.fileno()})"],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         self._conn = Connection(ours.detach())
-        self._conn.send((list(sys.path), registrations_blob, cfg, list(addresses), model_path))
+        self._conn.send((list(sys.path), registrations_blob, cfg, list(addresses), model_path, build))
         self.cfg = cfg.rollout
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
@@ -268,11 +273,11 @@ class RolloutProcess:
     def counts(self) -> dict[str, int]:
         return dict(self._call("counts"))
 
-    def state_dict(self) -> RolloutState:
-        state: RolloutState = self._call("state_dict")  # the child's executor's, unpickled
+    def state_dict(self) -> SavedRollout:
+        state: SavedRollout = self._call("state_dict")  # the child's rollout's, unpickled
         return state
 
-    def load_state_dict(self, state: RolloutState) -> None:
+    def load_state_dict(self, state: Any) -> None:
         self._call("load_state_dict", state)
 
     def shutdown(self, timeout: float = 30.0) -> None:

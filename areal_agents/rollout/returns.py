@@ -14,7 +14,8 @@ as the built-in ones, and one that computed its own is overruled. γ is the conf
 - a segment whose last turn comes before the episode's last one (an OpenAI-style agent's call
   whose prompt did not extend the episode's tokens; each trajectory's ``info["calls"]`` lists the
   indices of the episode's calls it holds) has its last reward discounted by the ``d`` calls
-  after it: ``γ^d · r``;
+  after it: ``γ^d · r`` (unless its ``info["rewards_per_call"]`` says its rewards were earned at its
+  own calls: an online session rewarded call by call, :mod:`areal_agents.online.sessions`);
 - with ``zero_failed``, an episode whose status is not ``ok`` gets reward 0 on every turn
   (``rollout.failure_policy=zero`` keeps it in its group that way, so the trainer can mask it);
 - a trajectory without ``turn_rewards`` keeps the ``reward`` its agent set (0 when failed under
@@ -52,7 +53,7 @@ def _calls_after(parts: list[Trajectory]) -> list[int]:
     calls: list[list[int]] = []
     for part in parts:
         held = part.info.get("calls") if isinstance(part.info, dict) else None
-        if len(parts) < 2 or not isinstance(held, list) or not held:
+        if len(parts) < 2 or not isinstance(held, list) or not held or part.info.get("rewards_per_call"):
             return [0] * len(parts)
         calls.append(held)
     every = [i for held in calls for i in held]
