@@ -331,7 +331,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     ckpt = Checkpointer(run_dir / "checkpoints", fingerprint={
         "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name,
-        **({"lora_rank": cfg.actor.lora.rank} if cfg.actor.lora.enabled else {})})
+        **({"lora_rank": cfg.actor.lora.rank} if cfg.actor.lora.enabled else {}),
+        **({"mode": "online"} if cfg.mode == "online" else {})})
     resume_from = (_latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode in ("full", "online")
                    else None)
     if main:  # after the checks above, so that a refused run leaves the directory as it was

@@ -154,4 +154,10 @@ class RunDisplay:
             ("metrics", summary.get("metrics", "-")),
             ("final model", summary.get("final_model", "-")),
         ]
+        if "sessions" in summary:  # mode=online: the ledger, opened == trained + dropped + in flight
+            s = summary["sessions"]
+            reasons = ", ".join(f"{k.partition('/')[2]} {v}" for k, v in sorted(s.items()) if k.startswith("dropped/"))
+            rows.insert(7, ("sessions", f"{s.get('opened', 0)} opened = {s.get('trained', 0)} trained + "
+                                        f"{s.get('dropped', 0)} dropped{f' ({reasons})' if reasons else ''} + "
+                                        f"{s.get('in_flight', 0)} in flight"))
         return rows + [("plot", path) for path in summary.get("plots", [])]

@@ -193,6 +193,10 @@ class OnlineConfig(Section):
     session_ttl: float = f(600.0, "Seconds after a session's last call (or its opening) within which its reward "
                                   "may come; later it is dropped as expired.", gt(0))
     max_open_sessions: int = f(1024, "Sessions open at once; more are refused with 429.", ge(1))
+    admission: str = f("open", "open: any session up to max_open_sessions (those the trainer cannot take within "
+                               "rollout.max_head_offpolicyness versions are dropped as stale); bounded: refuse new "
+                               "ones with 429 while they could not be (the staleness bound of a dataset run).",
+                       one_of("open", "bounded"))
     max_request_bytes: int = f(4 * 1024**2, "Largest request body the gateway reads (413 beyond).", ge(1024))
     batch_sessions: int | None = f(None, "Rewarded sessions per training step; None = rollout.batch_size x "
                                          "rollout.group_size.", ge(1))

@@ -66,8 +66,8 @@ def resolve_admin_key(env_var: str, key_file: str | None, run_dir: Path) -> tupl
 
 
 def masked(key: str) -> str:
-    """``key`` as it may be shown: its first 8 characters and an ellipsis."""
-    return key[:8] + "…"
+    """``key`` as it may be shown: its first and last 4 characters."""
+    return f"{key[:4]}…{key[-4:]}"
 
 
 def _error(err: APIError) -> web.Response:
@@ -153,7 +153,10 @@ def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: To
                     book.call_finished(s)
             return await handler(request)
         except Refused as exc:
-            return _error(_refused(exc))
+            reply = _error(_refused(exc))
+            if exc.status == 429:
+                reply.headers["Retry-After"] = "1"
+            return reply
         except (APIError, web.HTTPException) as exc:
             if isinstance(exc, web.HTTPException) and exc.status < 400:
                 raise

@@ -7,7 +7,8 @@ rollout's own process when ``rollout.process``, as the executor is), hands the t
 of rewarded sessions (:meth:`SessionBook.take_batch <areal_agents.online.sessions.SessionBook.take_batch>`)
 and drops the sessions the staleness rule or their TTL rule out. Calls are never paused: a weight
 update reaches the calls being answered as it reaches episodes (each token keeps its version).
-At start it writes ``RUN_DIR/gateway.json`` (its URL, where the admin key comes from, never the key).
+At start it writes ``RUN_DIR/gateway.json`` (its URL, where the admin key comes from, never the key),
+removed when it stops.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class OnlineRollout:
         self._bound = StalenessBound(cfg.rollout.max_head_offpolicyness, batch, online.max_open_sessions)
         self.book = SessionBook(ttl=online.session_ttl, max_open=online.max_open_sessions, batch_sessions=batch,
                                 bound=self._bound, turn_discount=cfg.env.turn_discount,
-                                trajectory_mode=cfg.agent.trajectory_mode or "concat")
+                                trajectory_mode=cfg.agent.trajectory_mode or "concat",
+                                bounded_admission=online.admission == "bounded")
         self._client, self._tokenizer, self._sampling = client, tokenizer, dict(sampling)
         self._thread: LoopThread | None = None
         self._runner: web.AppRunner | None = None
@@ -80,7 +82,6 @@ class OnlineRollout:
         self._state = "new"
         self._last_batch: dict[str, float] = {}
         self._rate_mark = (time.monotonic(), 0, 0)
-        self._finished = self._gen_tokens = 0
         self.url = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -146,6 +147,8 @@ class OnlineRollout:
         self.book.close()
         if state != "running" or self._thread is None:
             return
+        with contextlib.suppress(OSError):  # clients that read it find no gateway
+            (Path(self._exp.run_dir) / "gateway.json").unlink()
         try:
             self._thread.run(self._aclose(), timeout)
         except Exception as exc:  # noqa: BLE001 - the shutdown goes on
@@ -208,14 +211,12 @@ class OnlineRollout:
         groups = self.wait(self.book.batch_sessions, timeout)
         trajs = [t for g in groups for t in g]
         metrics = batch_metrics(trajs, self.book.version)
-        now = time.monotonic()
-        self._finished += len(trajs)
-        self._gen_tokens += sum(t.num_generated for t in trajs)
-        t0, f0, g0 = self._rate_mark
-        self._rate_mark = (now, self._finished, self._gen_tokens)
+        now, done, tokens = time.monotonic(), self.book.rewarded, self.book.rewarded_tokens
+        t0, f0, g0 = self._rate_mark  # rates of the sessions rewarded since the last batch
+        self._rate_mark = (now, done, tokens)
         dt = max(now - t0, 1e-9)
-        metrics["perf/episodes_per_s"] = (self._finished - f0) / dt
-        metrics["perf/gen_tokens_per_s"] = (self._gen_tokens - g0) / dt
+        metrics["perf/episodes_per_s"] = (done - f0) / dt
+        metrics["perf/gen_tokens_per_s"] = (tokens - g0) / dt
         metrics["online/batch_groups"] = float(len(groups))
         self._last_batch = metrics
         return groups

@@ -102,17 +102,22 @@ class SessionBook:
 
     ``ttl``: seconds a session may wait for its reward after its last call; ``max_open``: sessions
     open at once; ``batch_sessions``: rewarded sessions per batch; ``bound``: the staleness rule
-    (its η); ``turn_discount``: γ; ``trajectory_mode``: how calls become trajectories.
+    (its η); ``turn_discount``: γ; ``trajectory_mode``: how calls become trajectories;
+    ``bounded_admission``: refuse to open sessions beyond what the trainer can take within η
+    versions (:meth:`StalenessBound.capacity <areal_agents.rollout.staleness.StalenessBound.capacity>`
+    with the open sessions as running and every session not dropped as started).
     """
 
     def __init__(self, *, ttl: float, max_open: int, batch_sessions: int, bound: StalenessBound,
-                 turn_discount: float = 1.0, trajectory_mode: str = "concat",
+                 turn_discount: float = 1.0, trajectory_mode: str = "concat", bounded_admission: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl, self.max_open, self.batch_sessions = float(ttl), int(max_open), int(batch_sessions)
+        self.bounded_admission = bounded_admission
         self.bound, self.turn_discount, self.trajectory_mode = bound, turn_discount, trajectory_mode
         self.clock = clock
         self.version = 0
         self.opened = self.trained = 0
+        self.rewarded = self.rewarded_tokens = 0  # sessions rewarded in this process, and their sampled tokens
         self.dropped: Counter[str] = Counter()
         self.cond = threading.Condition(threading.RLock())
         self._by_key: dict[str, Session] = {}  # open or waiting
@@ -150,9 +155,13 @@ class SessionBook:
         with self.cond:
             if self.closed:
                 raise Refused("the run is ending: no new sessions", 503, "run_ended")
-            if sum(s.state == "open" for s in self._by_key.values()) >= self.max_open:
+            open_ = sum(s.state == "open" for s in self._by_key.values())
+            if open_ >= self.max_open:
                 raise Refused(f"{self.max_open} sessions are open (online.max_open_sessions): reward or end some "
                               "first", 429, "too_many_sessions")
+            if self.bounded_admission and self.bound.capacity(self.version, open_, self.trained + len(self._by_key)) < 1:
+                raise Refused(f"the trainer is behind (weight version {self.version}): no session opened now could "
+                              "be trained within the staleness bound; retry in a moment", 429, "trainer_behind")
             self._serial += 1
             s = Session(sid=f"ses-{self._serial}", key="sk-ses-" + secrets.token_urlsafe(24), group=group,
                         metadata=dict(metadata or {}), chat=chat, opened_version=self.version, last_call=self.clock())
@@ -221,6 +230,8 @@ class SessionBook:
                 self.cond.notify_all()
                 return s
             s.trajectory = self._trajectory(s, records, values if per_call else None, values[0])
+            self.rewarded += 1
+            self.rewarded_tokens += sum(len(r.completion_ids) for r in records)
             s.chat = None
             s.state = "waiting"
             self._ready_counter += 1

@@ -90,7 +90,7 @@ def test_a_session_from_opening_to_a_trained_batch(gateway: OnlineRollout) -> No
     info = json.loads((Path(gateway._exp.run_dir) / "gateway.json").read_text())
     assert info["url"] == gateway.url and ADMIN not in json.dumps(info) and info["admin_key"] == "$AREAL_AGENTS_ADMIN_KEY"
     line = gateway_line(gateway._exp.run_dir)
-    assert gateway.url in line and ADMIN not in line and ADMIN[:8] in line
+    assert gateway.url in line and ADMIN not in line and f"{ADMIN[:4]}…{ADMIN[-4:]}" in line
     with admin(gateway.url) as http:
         grouped = [http.post("/rl/sessions", json={"group": "q1", "metadata": {"i": i}}).json() for i in range(2)]
         single = [http.post("/rl/sessions").json() for _ in range(2)]
