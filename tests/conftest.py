@@ -51,6 +51,7 @@ _TINY_WARM = ["sft.warm_start_steps=4", "sft.batch_size=8", "sft.eval_every=0", 
 # hashes to another warm start fails the test (see ``warm_cache``): keep these in step with them.
 WARM_RECIPES: dict[str, tuple[str | None, list[str]]] = {
     "math-tiny": (None, ["env.name=math", *_TINY_WARM]),
+    "math": (None, ["env.name=math"]),  # the default command's own warm start (a learning test's)
 }
 
 # What ``areal-agents run`` does first without actor.path, and nothing after it.

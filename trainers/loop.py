@@ -394,8 +394,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "rollout": r0.executor.runs_in if r0.executor is not None else "a thread of the trainer",
         }
         if cfg.mode == "online" and r0.executor is not None:  # opened == trained + dropped + in_flight
-            summary["sessions"] = {k.partition("/")[2]: int(v) for k, v in r0.stats().items()
-                                   if k.startswith("online/") and k != "online/batch_groups"}
+            summary["sessions"] = {name: int(v) for k, v in r0.stats().items()
+                                   for prefix, _, name in [k.partition("/")] if prefix == "online" and name != "batch_groups"}
     return r0.finish(summary, plots=True)
 
 

@@ -27,6 +27,9 @@ class ConfigError(ValueError):
         self.key = key
         self.rule = rule
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:  # raised again across processes
+        return type(self), (self.key, self.rule)
+
 
 def shown_key(key: str) -> str:
     """``key`` as a one-line message names it: quoted (``repr``) when it is empty, holds control

@@ -13,6 +13,7 @@ Routes (every error is OpenAI's ``{"error": {"message", "type", "param", "code"}
   "dropped", "reason"}``; 404 unknown or gone, 409 already rewarded or a call still running, 400 a
   bad reward. ``POST /rl/sessions/{key}/end`` closes it without one. ``GET /rl/sessions/{key}``: its
   state. With the admin key, ``{key}`` may be the session's ``id`` instead.
+* Any request once the run is ending: 503 ``run_ended``.
 * ``GET /rl/ledger`` — admin key: the ledger (:class:`~areal_agents.online.sessions.SessionBook`),
   the weight version and the sessions ready to train. ``GET /rl/health`` — no key: ``{"status": "ok"}``.
 
@@ -32,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal_agents.config import ConfigError
 from areal_agents.llm import Generation, Tokenizer
 from areal_agents.online.sessions import Refused, Session, SessionBook
 from areal_agents.openai_compat.http import add_routes, request_key
@@ -49,20 +51,23 @@ def resolve_admin_key(env_var: str, key_file: str | None, run_dir: Path) -> tupl
     """The admin key and where it comes from: the environment variable ``env_var``, else
     ``key_file``, else ``RUN_DIR/admin_key`` (written with a fresh key, mode 600, when missing)."""
     if os.environ.get(env_var, "").strip():
-        return os.environ[env_var].strip(), f"${env_var}"
+        return _long_enough(os.environ[env_var].strip(), "online.admin_key_env", f"${env_var}"), f"${env_var}"
     path = Path(key_file).expanduser() if key_file else run_dir / "admin_key"
     if path.is_file():
-        key = path.read_text().strip()
-        if len(key) < 16:
-            raise ValueError(f"the admin key in {path} is shorter than 16 characters")
-        return key, str(path)
+        return _long_enough(path.read_text().strip(), "online.admin_key_file", str(path)), str(path)
     if key_file:
-        raise ValueError(f"online.admin_key_file: no such file {key_file}")
+        raise ConfigError("online.admin_key_file", f"no such file {key_file}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write("sk-admin-" + secrets.token_urlsafe(32) + "\n")
     return path.read_text().strip(), str(path)
+
+
+def _long_enough(key: str, setting: str, where: str) -> str:
+    if len(key) < 16:
+        raise ConfigError(setting, f"the admin key in {where} is shorter than 16 characters: use a long random secret")
+    return key
 
 
 def masked(key: str) -> str:
@@ -139,6 +144,8 @@ def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: To
         """OpenAI-shaped errors for everything; session keys for the OpenAI routes, and the
         session's running calls counted while one is answered."""
         try:
+            if book.closed and request.path != "/rl/health":
+                raise Refused("the run is ending: the gateway takes no more requests", 503, "run_ended")
             if "/v1/" in request.path:
                 key = request_key(request)
                 s = book.get(key) if key else None
@@ -196,7 +203,7 @@ def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: To
         body = await body_of(request, required=True)
         if ("reward" in body) == ("rewards" in body) or set(body) - {"reward", "rewards"}:
             raise APIError('give either "reward": number or "rewards": [number, ...] (one per call)', param="reward")
-        value = body.get("reward", body.get("rewards"))
+        value = body["reward"] if "reward" in body else body["rewards"]
         numbers = value if isinstance(value, list) else [value]
         if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
             raise APIError("reward: must be a number, rewards a non-empty list of numbers", param="reward")

@@ -138,7 +138,10 @@ class SessionBook:
     def metrics(self) -> dict[str, float]:
         """The ledger as ``online/*`` metrics (``online/dropped/<reason>`` per reason)."""
         with self.cond:
-            out = {f"online/{k}": float(v) for k, v in self.counts().items()}
+            c = self.counts()
+            out = {"online/opened": float(c["opened"]), "online/trained": float(c["trained"]),
+                   "online/dropped": float(c["dropped"]), "online/in_flight": float(c["in_flight"]),
+                   "online/open": float(c["open"]), "online/waiting": float(c["waiting"])}
             out.update({f"online/dropped/{r}": float(n) for r, n in sorted(self.dropped.items())})
             return out
 
@@ -219,7 +222,7 @@ class SessionBook:
                               409, "calls_running")
             records = list(s.chat.records) if s.chat is not None else []
             per_call = not isinstance(reward, (int, float))
-            values = [float(r) for r in reward] if per_call else [float(reward)]  # type: ignore[union-attr]
+            values = [float(reward)] if isinstance(reward, (int, float)) else [float(r) for r in reward]
             if not all(math.isfinite(v) for v in values):
                 raise Refused("reward must be a finite number (or a list of them)", 400, "invalid_reward")
             if per_call and records and len(values) != len(records):

@@ -28,8 +28,8 @@ import subprocess
 import sys
 import threading
 import types
-from multiprocessing.connection import Connection
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 from areal_agents.config import ExperimentConfig

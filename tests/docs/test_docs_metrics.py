@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "metrics.md"
 SOURCES = ("areal_agents", "trainers", "algorithms")
-PREFIXES = ("train", "rollout", "eval", "time", "perf", "staleness", "sync", "inference", "critic", "sft")
+PREFIXES = ("train", "rollout", "eval", "time", "perf", "staleness", "sync", "inference", "critic", "sft", "online")
 KEY = re.compile(rf"^(?:{'|'.join(PREFIXES)})/\S*$")
 DOC_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|", re.MULTILINE)
 

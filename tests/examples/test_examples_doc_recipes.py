@@ -115,6 +115,20 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents run --env math agent=my-agent imports=[my_agent.py]":
             "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written",
     },
+    "docs/online.md": {
+        "areal-agents run --env math mode=online":
+            "tests/online/test_online_learning.py::test_an_app_outside_the_run_raises_held_out_accuracy",
+        "python examples/online_client/client.py --url http://127.0.0.1:8400 --admin-key-file runs/math/trial/admin_key":
+            "tests/online/test_online_learning.py::test_an_app_outside_the_run_raises_held_out_accuracy",
+    },
+    "examples/online_client/README.md": {
+        "areal-agents run --env math mode=online":
+            "tests/online/test_online_learning.py::test_an_app_outside_the_run_raises_held_out_accuracy",
+        "python examples/online_client/client.py --url http://127.0.0.1:8400 --admin-key-file runs/math/trial/admin_key":
+            "tests/online/test_online_learning.py::test_an_app_outside_the_run_raises_held_out_accuracy",
+        "AREAL_AGENTS_ADMIN_KEY=$(cat runs/math/trial/admin_key) sh examples/online_client/client.sh "
+        "http://127.0.0.1:8400 8": "tests/online/test_online_run.py::test_external_apps_train_an_online_run_that_survives_a_restart",
+    },
     "examples/openai_agent/README.md": {
         "areal-agents run --config examples/openai_agent/config.yaml":
             "tests/examples/test_examples_openai_agent.py::test_example_config_trains",

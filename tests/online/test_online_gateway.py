@@ -302,3 +302,22 @@ def test_256_concurrent_sessions_hold_and_balance(gateway: OnlineRollout) -> Non
     while (batch := gateway.book.take_batch()) is not None:
         trained += sum(map(len, batch))
     assert trained == 240 and balanced(gateway)["trained"] == 240
+
+
+def test_the_responses_and_messages_apis_are_recorded_in_the_session(gateway: OnlineRollout) -> None:
+    with admin(gateway.url) as http:
+        s = http.post("/rl/sessions", json={"metadata": {"app": "two apis"}}).json()
+    responses = httpx.post(f"{gateway.url}/v1/responses", headers={"Authorization": f"Bearer {s['key']}"},
+                           json={"model": "policy", "input": "What is 12 + 30?", "max_output_tokens": 4}, timeout=60)
+    assert responses.status_code == 200 and responses.json()["object"] == "response"
+    messages = httpx.post(f"{gateway.url}/v1/messages", headers={"x-api-key": s["key"]}, timeout=60,
+                          json={"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert messages.status_code == 200 and messages.json()["type"] == "message"
+    wrong = httpx.post(f"{gateway.url}/v1/messages", headers={"x-api-key": ADMIN}, timeout=60,
+                       json={"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert wrong.status_code == 401
+    got = httpx.post(f"{gateway.url}/rl/sessions/{s['key']}/reward", json={"rewards": [1, 0]})
+    assert got.json()["status"] == "waiting"
+    (traj,) = gateway.wait(1, timeout=5)[0]
+    assert traj.info["num_calls"] == 2 and traj.info["metadata"] == {"app": "two apis"}
+    assert len(traj.flatten()) == 2 and sorted(t.reward for t in traj.flatten()) == [0.0, 1.0]
