@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_openai_overhead import MESSAGE, Setting, official_client, play  # noqa: E402 - sibling scripts

@@ -254,6 +254,14 @@ class _Rank0:
     def stats(self) -> dict[str, Any]:
         return self.executor.stats() if self.executor is not None else {}
 
+    def ledger(self) -> dict[str, Any]:
+        """For the summary of an online run: ``{"sessions": {opened, trained, dropped, dropped/<reason>,
+        in_flight, ...}}`` (opened == trained + dropped + in_flight); nothing for other runs."""
+        if self.cfg.mode != "online" or self.executor is None:
+            return {}
+        return {"sessions": {name: int(v) for k, v in self.stats().items()
+                             for prefix, _, name in [k.partition("/")] if prefix == "online" and name != "batch_groups"}}
+
     def log(self, step: int, metrics: dict[str, Any], trajs: list[Trajectory] | None = None) -> None:
         if self.logger is not None:
             self.logger.log(step, metrics)
@@ -333,8 +341,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name,
         **({"lora_rank": cfg.actor.lora.rank} if cfg.actor.lora.enabled else {}),
         **({"mode": "online"} if cfg.mode == "online" else {})})
-    resume_from = (_latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode in ("full", "online")
-                   else None)
+    resume_from = _latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode in ("full", "online") else None
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
@@ -393,9 +400,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             "gen_tokens_per_s": float(np.mean([r.get("perf/gen_tokens_per_s", 0.0) for r in history] or [0.0])),
             "rollout": r0.executor.runs_in if r0.executor is not None else "a thread of the trainer",
         }
-        if cfg.mode == "online" and r0.executor is not None:  # opened == trained + dropped + in_flight
-            summary["sessions"] = {name: int(v) for k, v in r0.stats().items()
-                                   for prefix, _, name in [k.partition("/")] if prefix == "online" and name != "batch_groups"}
+        summary.update(r0.ledger())
     return r0.finish(summary, plots=True)
 
 

@@ -116,49 +116,57 @@ class _SessionGenerate:
         return gen
 
 
-def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: Tokenizer,
-                defaults: dict[str, Any], base_url: Callable[[], str], max_request_bytes: int,
-                make_generate: Callable[[Any, str], GenerateFn] = _SessionGenerate) -> web.Application:
-    """The gateway's aiohttp application (see the module docstring): sessions generate with
-    ``client`` (an :class:`~areal_agents.inference.client.InferenceClient`) at the sampling
-    ``defaults``; ``base_url()`` is the address clients reach it at."""
+class _Gateway:
+    """The handlers of :func:`gateway_app` over one book (see the module docstring)."""
 
-    def is_admin(request: web.Request) -> bool:
+    def __init__(self, book: SessionBook, admin_key: str, client: Any, tokenizer: Tokenizer,
+                 defaults: dict[str, Any], base_url: Callable[[], str],
+                 make_generate: Callable[[Any, str], GenerateFn]) -> None:
+        self.book, self.admin_key, self.client, self.tokenizer = book, admin_key, client, tokenizer
+        self.defaults, self.base_url, self.make_generate = defaults, base_url, make_generate
+
+    def is_admin(self, request: web.Request) -> bool:
         given = request.headers.get("Authorization", "")
         given = given[len("Bearer "):].strip() if given.startswith("Bearer ") else request.headers.get("x-api-key", "")
-        return bool(given) and hmac.compare_digest(given.encode(), admin_key.encode())
+        return bool(given) and hmac.compare_digest(given.encode(), self.admin_key.encode())
 
-    def session_of(request: web.Request) -> Session:
+    def need_admin(self, request: web.Request, what: str) -> None:
+        if not self.is_admin(request):
+            raise APIError(f"{what} needs the admin key (Authorization: Bearer <admin key>)", status=401,
+                           code="invalid_api_key", type="authentication_error")
+
+    def session_of(self, request: web.Request) -> Session:
         """The session ``{key}`` names: its key, or (with the admin key) its id."""
         token = request.match_info["key"]
-        s = book.get(token)
-        if s is None and token.startswith("ses-") and is_admin(request):
-            s = book.by_id(token)
+        s = self.book.get(token)
+        if s is None and token.startswith("ses-") and self.is_admin(request):
+            s = self.book.by_id(token)
         if s is None:
             raise Refused("no open session has this key (unknown, ended, or expired after online.session_ttl)",
                           404, "session_not_found")
         return s
 
     @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """OpenAI-shaped errors for everything; session keys for the OpenAI routes, and the
         session's running calls counted while one is answered."""
+        book = self.book
         try:
             if book.closed and request.path != "/rl/health":
                 raise Refused("the run is ending: the gateway takes no more requests", 503, "run_ended")
-            if "/v1/" in request.path:
-                key = request_key(request)
-                s = book.get(key) if key else None
-                if s is None or s.state != "open":
-                    raise APIError("invalid API key: not the key of an open session (unknown, rewarded, ended "
-                                   "or expired); open one with POST /rl/sessions", status=401, code="invalid_api_key",
-                                   type="authentication_error")
-                book.call_started(s)
-                try:
-                    return await handler(request)
-                finally:
-                    book.call_finished(s)
-            return await handler(request)
+            if "/v1/" not in request.path:
+                return await handler(request)
+            key = request_key(request)
+            s = book.get(key) if key else None
+            if s is None or s.state != "open":
+                raise APIError("invalid API key: not the key of an open session (unknown, rewarded, ended or "
+                               "expired); open one with POST /rl/sessions", status=401, code="invalid_api_key",
+                               type="authentication_error")
+            book.call_started(s)
+            try:
+                return await handler(request)
+            finally:
+                book.call_finished(s)
         except Refused as exc:
             reply = _error(_refused(exc))
             if exc.status == 429:
@@ -169,6 +177,7 @@ def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: To
                 raise
             return _error(as_api_error(exc))
 
+    @staticmethod
     async def body_of(request: web.Request, required: bool) -> dict[str, Any]:
         if not required and not request.can_read_body:
             return {}
@@ -177,11 +186,9 @@ def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: To
             raise APIError("the request body must be a JSON object")
         return body
 
-    async def open_session(request: web.Request) -> web.Response:
-        if not is_admin(request):
-            raise APIError("opening a session needs the admin key (Authorization: Bearer <admin key>)",
-                           status=401, code="invalid_api_key", type="authentication_error")
-        body = await body_of(request, required=False)
+    async def open_session(self, request: web.Request) -> web.Response:
+        self.need_admin(request, "opening a session")
+        body = await self.body_of(request, required=False)
         unknown = sorted(set(body) - {"group", "metadata"})
         if unknown:
             raise APIError(f"unknown field(s): {', '.join(unknown)} (a session takes group and metadata)",
@@ -194,48 +201,56 @@ def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: To
             raise APIError("metadata: must be a JSON object", param="metadata")
         if len(json.dumps(metadata)) > MAX_METADATA_BYTES:
             raise APIError(f"metadata: larger than {MAX_METADATA_BYTES} bytes as JSON", param="metadata")
-        s = book.open(group, metadata)
-        s.chat = ChatSession(tokenizer, make_generate(client, s.sid), defaults)
-        return web.json_response({"id": s.sid, "key": s.key, "base_url": f"{base_url()}/v1", "group": s.group,
-                                  "metadata": s.metadata, "ttl": book.ttl, "version": s.opened_version}, status=201)
+        s = self.book.open(group, metadata)
+        s.chat = ChatSession(self.tokenizer, self.make_generate(self.client, s.sid), self.defaults)
+        return web.json_response({"id": s.sid, "key": s.key, "base_url": f"{self.base_url()}/v1", "group": s.group,
+                                  "metadata": s.metadata, "ttl": self.book.ttl, "version": s.opened_version},
+                                 status=201)
 
-    async def reward(request: web.Request) -> web.Response:
-        body = await body_of(request, required=True)
+    async def reward(self, request: web.Request) -> web.Response:
+        body = await self.body_of(request, required=True)
         if ("reward" in body) == ("rewards" in body) or set(body) - {"reward", "rewards"}:
             raise APIError('give either "reward": number or "rewards": [number, ...] (one per call)', param="reward")
         value = body["reward"] if "reward" in body else body["rewards"]
         numbers = value if isinstance(value, list) else [value]
         if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
             raise APIError("reward: must be a number, rewards a non-empty list of numbers", param="reward")
-        s = book.reward(session_of(request).key, value)
+        s = self.book.reward(self.session_of(request).key, value)
         return web.json_response({"id": s.sid, "status": s.state, "reason": s.reason or None})
 
-    async def end(request: web.Request) -> web.Response:
-        s = book.end(session_of(request).key)
+    async def end(self, request: web.Request) -> web.Response:
+        s = self.book.end(self.session_of(request).key)
         return web.json_response({"id": s.sid, "status": s.state, "reason": s.reason})
 
-    async def show(request: web.Request) -> web.Response:
-        s = session_of(request)
+    async def show(self, request: web.Request) -> web.Response:
+        s = self.session_of(request)
         return web.json_response({"id": s.sid, "status": s.state, "group": s.group, "metadata": s.metadata,
                                   "calls": len(s.chat.records) if s.chat is not None else None,
                                   "calls_running": s.calls_running})
 
-    async def ledger(request: web.Request) -> web.Response:
-        if not is_admin(request):
-            raise APIError("the ledger needs the admin key", status=401, code="invalid_api_key",
-                           type="authentication_error")
+    async def ledger(self, request: web.Request) -> web.Response:
+        self.need_admin(request, "the ledger")
+        book = self.book
         return web.json_response({**book.counts(), "dropped_by_reason": dict(book.dropped), "version": book.version,
                                   "ready": book.ready(), "batch_sessions": book.batch_sessions})
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "version": book.version})
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": self.book.version})
 
-    app = web.Application(client_max_size=max_request_bytes, middlewares=[guard])
-    app.router.add_post("/rl/sessions", open_session)
-    app.router.add_post("/rl/sessions/{key}/reward", reward)
-    app.router.add_post("/rl/sessions/{key}/end", end)
-    app.router.add_get("/rl/sessions/{key}", show)
-    app.router.add_get("/rl/ledger", ledger)
-    app.router.add_get("/rl/health", health)
+
+def gateway_app(book: SessionBook, *, admin_key: str, client: Any, tokenizer: Tokenizer,
+                defaults: dict[str, Any], base_url: Callable[[], str], max_request_bytes: int,
+                make_generate: Callable[[Any, str], GenerateFn] = _SessionGenerate) -> web.Application:
+    """The gateway's aiohttp application (see the module docstring): sessions generate with
+    ``client`` (an :class:`~areal_agents.inference.client.InferenceClient`) at the sampling
+    ``defaults``; ``base_url()`` is the address clients reach it at."""
+    gw = _Gateway(book, admin_key, client, tokenizer, defaults, base_url, make_generate)
+    app = web.Application(client_max_size=max_request_bytes, middlewares=[gw.guard])
+    app.router.add_post("/rl/sessions", gw.open_session)
+    app.router.add_post("/rl/sessions/{key}/reward", gw.reward)
+    app.router.add_post("/rl/sessions/{key}/end", gw.end)
+    app.router.add_get("/rl/sessions/{key}", gw.show)
+    app.router.add_get("/rl/ledger", gw.ledger)
+    app.router.add_get("/rl/health", gw.health)
     add_routes(app, _OpenChats(book))
     return app

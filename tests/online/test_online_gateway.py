@@ -194,9 +194,8 @@ def test_rewards_twice_late_or_for_nothing_change_nothing(server: ServerGroup, m
             assert httpx.post(f"{url}/rl/sessions/{b['key']}/end").json()["reason"] == "no_reward"
             assert httpx.post(f"{url}/rl/sessions/{d['key']}/reward", json={"reward": 1}).json() == {
                 "id": d["id"], "status": "dropped", "reason": "no_calls"}
-            for _ in range(100):  # c expires 1.5 s after its call
-                if http.get("/rl/ledger").json()["dropped_by_reason"].get("expired"):
-                    break
+            deadline = time.monotonic() + 30  # c expires 1.5 s after its call
+            while not http.get("/rl/ledger").json()["dropped_by_reason"].get("expired") and time.monotonic() < deadline:
                 time.sleep(0.1)
             late = httpx.post(f"{url}/rl/sessions/{c['key']}/reward", json={"reward": 1})
             assert late.status_code == 404
@@ -217,19 +216,17 @@ def test_a_client_that_hangs_up_mid_call_leaves_its_session_usable(gateway: Onli
         async with httpx.AsyncClient(timeout=60) as c:
             call = asyncio.ensure_future(c.post(f"{s['base_url']}/chat/completions", json={
                 "model": "p", "messages": USER, "max_tokens": 4000, "stream": True}, headers={"Authorization": f"Bearer {s['key']}"}))
-            for _ in range(400):
+            deadline = time.monotonic() + 30
+            while not gateway.book.get(s["key"]).calls_running and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-                if gateway.book.get(s["key"]).calls_running:
-                    break
             assert gateway.book.get(s["key"]).calls_running == 1  # hung up while the call is being answered
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
 
     asyncio.run(hang_up())
-    for _ in range(200):
-        if not gateway.book.get(s["key"]).calls_running:
-            break
+    deadline = time.monotonic() + 30
+    while gateway.book.get(s["key"]).calls_running and time.monotonic() < deadline:
         time.sleep(0.05)
     session = gateway.book.get(s["key"])
     assert session.calls_running == 0 and session.chat is not None and session.chat.records == []
