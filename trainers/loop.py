@@ -31,7 +31,7 @@ from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
-from areal_agents.inference.launcher import inference_servers
+from areal_agents.inference.launcher import inference_servers, judge_server
 from areal_agents.online.rollout import build_online_rollout, gateway_line
 from areal_agents.record import EpisodeRecorder, Recorded
 from areal_agents.rewards import RewardRunner
@@ -174,6 +174,7 @@ class _Rank0:
         """Inference servers (embedded subprocesses, SGLang, or remote), the rollout executor and the
         evals' reward runner (the executor has its own)."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
+        stack.enter_context(judge_server(cfg))  # before the processes whose judges ask it ($AREAL_AGENTS_JUDGE_URL)
         executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
         stack.callback(executor.shutdown)
         eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))

@@ -14,6 +14,7 @@ from areal_agents.config.sections import (
     EnvConfig,
     EvalConfig,
     InferenceConfig,
+    JudgeConfig,
     LoggingConfig,
     OnlineConfig,
     RayConfig,
@@ -59,6 +60,7 @@ class ExperimentConfig(Section):
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     online: OnlineConfig = field(default_factory=OnlineConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
     def __post_init__(self) -> None:
         if self.experiment_name is None:

@@ -33,8 +33,9 @@ from areal_agents.runtime.cpus import usable_cpus
 from areal_agents.runtime.lifeline import die_with_parent
 from areal_agents.runtime.stopping import on_hard_exit
 
-__all__ = ["LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang", "embedded_command", "free_port",
-           "inference_servers", "launch_servers", "sglang_command"]  # fmt: skip
+__all__ = ["JUDGE_URL_ENV", "LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang",
+           "embedded_command", "free_port", "inference_servers", "judge_server", "launch_servers",
+           "sglang_command"]  # fmt: skip
 
 _SERVING = re.compile(r"serving on http://([^\s:]+):(\d+)")
 _LIVE: set[ServerHandle] = set()
@@ -280,3 +281,29 @@ def inference_servers(cfg: ExperimentConfig, model_path: str, log_dir: str | os.
     logs = Path(log_dir) if log_dir is not None else Path(cfg.run_dir) / "logs"
     with launch_servers(cfg, model_path, log_dir=logs) as group:
         yield group.addresses
+
+
+JUDGE_URL_ENV = "AREAL_AGENTS_JUDGE_URL"
+"""Where a run's judge server is announced to the judges of its reward workers."""
+
+
+@contextlib.contextmanager
+def judge_server(cfg: ExperimentConfig, log_dir: str | os.PathLike[str] | None = None) -> Iterator[str | None]:
+    """The run's judge (``judge.model_path``): one server of that model on ``inference.backend``,
+    frozen (no weight sync reaches it), its OpenAI base URL exported as ``$AREAL_AGENTS_JUDGE_URL``
+    to the processes started after it (the rollout's and the reward workers); nothing without one."""
+    if not cfg.judge.model_path:
+        yield None
+        return
+    logs = Path(log_dir) if log_dir is not None else Path(cfg.run_dir) / "logs" / "judge"
+    with launch_servers(cfg, cfg.judge.model_path, 1, log_dir=logs) as group:
+        url = f"http://{group.addresses[0].removeprefix('http://')}/v1"
+        before = os.environ.get(JUDGE_URL_ENV)
+        os.environ[JUDGE_URL_ENV] = url
+        try:
+            yield url
+        finally:
+            if before is None:
+                os.environ.pop(JUDGE_URL_ENV, None)
+            else:
+                os.environ[JUDGE_URL_ENV] = before

@@ -3,6 +3,7 @@
 A reward is ``fn(completion: str, **row) -> float`` registered with ``@register_reward("name")``.
 
 * :mod:`.builtin` — ``math``, ``exact-match``, ``format`` and :func:`fast_path`;
+* :mod:`.judge` — :class:`Judge`: a reward read from a judge model's reply (an OpenAI-compatible endpoint);
 * :mod:`.runner` — :class:`RewardRunner`: worker processes, a timeout per call, failures counted, never a stuck run;
 * :mod:`.worker` — one worker process, tied to the life of the process that started it.
 """
@@ -18,6 +19,7 @@ from areal_agents.rewards.builtin import (
     math_reward,
     resolve_reward,
 )
+from areal_agents.rewards.judge import Judge, JudgeError, parse_score
 from areal_agents.rewards.runner import (
     RewardResult,
     RewardRunner,
@@ -29,6 +31,8 @@ from areal_agents.rewards.runner import (
 from areal_agents.rewards.worker import check_not_in_worker
 
 __all__ = [
+    "Judge",
+    "JudgeError",
     "RewardFn",
     "RewardResult",
     "RewardRunner",
@@ -41,6 +45,7 @@ __all__ = [
     "format_reward",
     "get_default_runner",
     "math_reward",
+    "parse_score",
     "resolve_reward",
     "set_default_runner",
 ]

@@ -26,6 +26,7 @@ from areal_agents.gym.checker import EnvCheckError, check_env, probe_actions
 from areal_agents.llm.scripted import ScriptedLLM
 from areal_agents.registry import agents, envs
 from areal_agents.rewards import RewardRunner
+from areal_agents.rewards.judge import NOT_SERVED_YET
 from areal_agents.rewards.worker import check_not_in_worker
 from areal_agents.rollout.wiring import build_agent, env_factory, sampling_params
 from areal_agents.types import Trajectory
@@ -66,8 +67,9 @@ def _check_env_and_reward(cfg: ExperimentConfig, row: dict[str, Any], rewards: R
         reply = reference if isinstance(reference, str) and reference else probes[0]
         out = _call(f"{label}: step", env.step, reply)
         info = out[4] if isinstance(out, tuple) and len(out) == 5 and isinstance(out[4], dict) else {}
-        if info.get("reward_status") in ("reward_error", "timeout"):
-            raise PreflightError(str(info.get("reward_error") or f"{label}: its reward failed"))
+        failed = str(info.get("reward_error") or f"{label}: its reward failed")
+        if info.get("reward_status") in ("reward_error", "timeout") and NOT_SERVED_YET not in failed:
+            raise PreflightError(failed)  # (a judge the run has not served yet is asked in the run)
         try:
             check_env(env, seed=cfg.seed, options=dict(row), actions=[reply, *probes])
         except EnvCheckError as exc:
@@ -101,7 +103,7 @@ def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str, rewards
         _close(env)
     if not isinstance(traj, Trajectory):
         raise PreflightError(f"{label}: run returned {type(traj).__name__}, not a Trajectory ({where})")
-    if not traj.ok:
+    if not traj.ok and not (traj.status == "reward_error" and NOT_SERVED_YET in failure_cause(traj)):
         raise PreflightError(f"one episode against a scripted model failed: {failure_cause(traj)}")
     try:
         traj.validate()

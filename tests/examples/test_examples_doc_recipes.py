@@ -115,6 +115,11 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents run --env math agent=my-agent imports=[my_agent.py]":
             "tests/examples/test_examples_openai_agent.py::test_byo_doc_agent_trains_as_written",
     },
+    "docs/rewards.md": {
+        "areal-agents run --env my-env imports=[my_env.py,my_judges.py] judge.model_path=/models/judge":
+            "not run: a template (my-env, /models/judge); the same run with a served judge: "
+            "tests/rewards/test_rewards_judge_run.py::test_a_run_trains_on_the_rewards_of_the_judge_it_serves",
+    },
     "docs/online.md": {
         "areal-agents run --env math mode=online":
             "tests/online/test_online_learning.py::test_an_app_outside_the_run_raises_held_out_accuracy",
@@ -230,6 +235,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "# my_rewards.py": "not run: a signature (the README's and quickstart's rewards are registered this way)",
         "class MyEnv(RewardMixin, Env):  # from areal_agents import Env, RewardMixin": "not run: a fragment; the README's and quickstart's envs call compute_reward this way",
         "from areal_agents import register_reward": f"{_HERE}::test_rewards_doc_blocks_run",
+        "# my_judges.py": "tests/rewards/test_rewards_judge.py::test_the_docs_judge_registers_and_fails_in_one_line",
     },
     "docs/trainer.md": {"engine = build_engine(cfg, model_path, spec)        # trainers.loop: critic / reference as the spec needs":
                         "not run: a fragment (cfg, batch, ...)"},

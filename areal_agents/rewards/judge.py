@@ -1,0 +1,211 @@
+"""Rewards from a model: a judge asked through an OpenAI-compatible endpoint (no torch).
+
+A :class:`Judge` is a reward like any other (``judge(completion, **row) -> float``, registered with
+``register_reward("name")(Judge(...))``, named by an env's ``reward``): it renders its ``rubric``
+with the row and the completion, asks the judge model with one ``/v1/chat/completions`` call, and
+reads the score from the reply with its ``scale``:
+
+* ``"yes/no"`` — the reply's first word: yes = 1.0, no = 0.0;
+* ``"0-10"`` (any ``LO-HI``) — the first number of the reply, which must lie in the range, mapped to [0, 1];
+* ``"choice:A=1,B=0.5,C=0"`` — the first of the choices the reply starts with, its value;
+* ``"json:score"`` — the number under ``score`` in the first JSON object of the reply.
+
+A reply the scale cannot read raises :class:`JudgeError` naming the reply; an endpoint that does
+not answer within ``timeout`` after ``retries`` retries raises as well. By default a judge asks the
+model the run serves for judges (``judge.model_path``, at ``$AREAL_AGENTS_JUDGE_URL``). In a run the judge runs in
+the reward workers (:class:`~areal_agents.rewards.runner.RewardRunner`: beside the rollout, at most
+``rollout.reward_workers`` calls at once, each under ``rollout.reward_timeout``), so a failure is
+the episode's ``reward_error``: it is counted and the episode dropped, never scored 0 in silence.
+The same request (rubric, completion and row) is answered from a cache of the process's last
+4,096 replies. The endpoint is any OpenAI-compatible server: an external one (``base_url``, the
+key in the environment variable ``api_key_env``), or ``areal-agents serve --model JUDGE_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NOT_SERVED_YET", "Judge", "JudgeError", "check_scale", "parse_score"]
+
+NOT_SERVED_YET = "no judge endpoint"
+"""How a judge's error starts when its endpoint variable is unset: before the run serves its judge
+(the preflight check plays the env then, and lets this error pass)."""
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_RANGE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*-\s*(-?\d+(?:\.\d+)?)\s*$")
+_CACHE_SIZE = 4096
+
+
+class JudgeError(ValueError):
+    """A judge's reply that its scale cannot read, or a judge that did not answer."""
+
+
+def _shown(reply: str) -> str:
+    return repr(reply if len(reply) <= 200 else reply[:200] + "...")
+
+
+def parse_score(reply: str, scale: str) -> float:
+    """The score ``scale`` reads in ``reply`` (see the module docstring); :class:`JudgeError`
+    naming the reply when it cannot."""
+    text = reply.strip()
+    if scale == "yes/no":
+        word = re.match(r"[A-Za-z]+", text)
+        answer = word.group(0).lower() if word else ""
+        if answer in ("yes", "no"):
+            return 1.0 if answer == "yes" else 0.0
+        raise JudgeError(f"the judge's reply {_shown(reply)} does not start with yes or no")
+    if (bounds := _RANGE.match(scale)) is not None:
+        lo, hi = float(bounds.group(1)), float(bounds.group(2))
+        number = _NUMBER.search(text)
+        if number is None or not lo <= float(number.group(0)) <= hi:
+            raise JudgeError(f"the judge's reply {_shown(reply)} has no number in {lo:g}-{hi:g} first")
+        return (float(number.group(0)) - lo) / (hi - lo)
+    if scale.startswith("choice:"):
+        choices = _choices(scale)
+        for name, value in sorted(choices.items(), key=lambda kv: -len(kv[0])):  # the longest name first
+            if text.lower().startswith(name.lower()):
+                return value
+        raise JudgeError(f"the judge's reply {_shown(reply)} starts with none of {', '.join(choices)}")
+    if scale.startswith("json:"):
+        key = scale[len("json:"):]
+        start = text.find("{")
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
+        except ValueError:
+            obj = None
+        found = obj.get(key) if isinstance(obj, dict) else None
+        if isinstance(found, bool) or not isinstance(found, (int, float)):
+            raise JudgeError(f"the judge's reply {_shown(reply)} has no JSON object with a number under {key!r}")
+        return float(found)
+    raise ValueError(f"unknown judge scale {scale!r}: yes/no, LO-HI (e.g. 0-10), choice:A=1,B=0 or json:KEY")
+
+
+def _choices(scale: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in scale[len("choice:"):].split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"judge scale {scale!r}: each choice is NAME=VALUE")
+        out[name.strip()] = float(value)
+    return out
+
+
+def check_scale(scale: str) -> str:
+    """``scale`` if :func:`parse_score` knows it (``ValueError`` naming the forms otherwise)."""
+    if scale == "yes/no" or _RANGE.match(scale) or scale.startswith("json:") and len(scale) > 5:
+        return scale
+    if scale.startswith("choice:"):
+        _choices(scale)
+        return scale
+    raise ValueError(f"unknown judge scale {scale!r}: yes/no, LO-HI (e.g. 0-10), choice:A=1,B=0 or json:KEY")
+
+
+class _Format(dict):  # type: ignore[type-arg]
+    """Row fields for the rubric; a field the row lacks is named in the error."""
+
+    def __missing__(self, key: str) -> Any:
+        raise JudgeError(f"the judge's rubric uses {{{key}}}, which the row does not have (it has: "
+                         f"{', '.join(sorted(k for k in self if k != 'completion'))})")
+
+
+_CLIENTS: dict[tuple[str, float], Any] = {}
+_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A reward read from a judge model's reply (see the module docstring).
+
+    ``rubric``: the user message, a ``str.format`` template of ``{completion}`` and the row's fields
+    (``{prompt}``, ``{answer}``, ...); ``system``: an optional system message; ``scale``: how the
+    reply is read; ``base_url``: the endpoint's OpenAI base URL (``http://HOST:PORT/v1``);
+    ``model``: the model name sent; ``api_key_env``: the environment variable holding the key
+    (none sent when unset); ``max_tokens``/``temperature``: the judge's sampling (greedy by default).
+    """
+
+    rubric: str
+    base_url: str = "$AREAL_AGENTS_JUDGE_URL"
+    scale: str = "yes/no"
+    model: str = "judge"
+    system: str | None = None
+    api_key_env: str | None = None
+    max_tokens: int = 16
+    temperature: float = 0.0
+    timeout: float = 30.0
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if not self.base_url.startswith(("http://", "https://", "$")):
+            raise ValueError(f"Judge.base_url must be an http(s) URL ending in /v1, or $VARIABLE holding one "
+                             f"(got {self.base_url!r})")
+
+    def endpoint(self) -> str:
+        """The base URL asked: ``base_url``, or the value of the variable it names (``$NAME``)."""
+        if not self.base_url.startswith("$"):
+            return self.base_url
+        url = os.environ.get(self.base_url[1:], "")
+        if not url:
+            raise JudgeError(f"{NOT_SERVED_YET}: {self.base_url} is unset (set judge.model_path for the run to "
+                             "serve a judge model, or give the Judge a base_url)")
+        return url
+
+    @property
+    def __name__(self) -> str:  # how the reward runner names the call in errors
+        return f"judge {self.model}@{self.base_url}"
+
+    def messages(self, completion: str, row: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat messages the judge is asked for ``completion`` of ``row``."""
+        user = self.rubric.format_map(_Format({**row, "completion": completion}))
+        return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
+
+    def ask(self, messages: list[dict[str, str]]) -> str:
+        """The judge's reply to ``messages`` (one call, retried on connection errors and 5xx)."""
+        import httpx
+
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        url = self.endpoint()
+        with _LOCK:
+            client = _CLIENTS.get((url, self.timeout))
+            if client is None:
+                client = _CLIENTS[(url, self.timeout)] = httpx.Client(timeout=self.timeout)
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+                "temperature": self.temperature}
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        last = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = client.post(f"{url.rstrip('/')}/chat/completions", json=body, headers=headers)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code < 500:
+                    if resp.status_code != 200:
+                        raise JudgeError(f"the judge endpoint refused the request ({resp.status_code}): {resp.text[:300]}")
+                    return str(resp.json()["choices"][0]["message"]["content"] or "")
+                last = f"status {resp.status_code}: {resp.text[:200]}"
+            if attempt < self.retries:
+                time.sleep(min(2.0, 0.25 * 2**attempt))
+        raise JudgeError(f"the judge at {url} did not answer after {self.retries + 1} tries ({last})")
+
+    def __call__(self, completion: str, **row: Any) -> float:
+        messages = self.messages(completion, row)
+        key = (self, self.endpoint(), json.dumps(messages, sort_keys=True))
+        with _LOCK:
+            if key in _CACHE:
+                _CACHE.move_to_end(key)
+                return _CACHE[key]
+        score = parse_score(self.ask(messages), self.scale)
+        with _LOCK:
+            _CACHE[key] = score
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+        return score
