@@ -285,8 +285,11 @@ def test_sglang_frontend_gen_run_batch_fork_select(server: ServerHandle, ref: An
     want = [ref.greedy_text(q, 8) for q in client.PROMPTS]
     assert out["gen"] == {"answer": want[0], "text": client.PROMPTS[0] + want[0]}
     assert out["run_batch"] == want
+    # streamed through the frontend's stream path: how many chunks its reader sees depends on when it reads
+    # (a loaded machine reads them all at once); the server's token-by-token events are
+    # test_inference_server.py::test_stream_sends_the_reply_token_by_token's
     assert "".join(out["gen_stream"]["chunks"]) == out["gen_stream"]["answer"] == want[1]
-    assert len(out["gen_stream"]["chunks"]) >= 2  # it streamed
+    assert out["gen_stream"]["chunks"]
 
     meta = out["gen_logprobs"]["meta_info"]  # gen(..., return_logprob, top_logprobs_num=3, logprob_start_len=0)
     prompt, ids = ref.encode(client.PROMPTS[0]), ref.greedy(client.PROMPTS[0], 6)
