@@ -143,7 +143,9 @@ def test_straggler_group_is_cancelled_as_stale():
         stats, counts = ex.stats(), ex.counts()
     assert stats["rollout/dropped_groups/stale"] >= 1
     assert len(cancelled) >= 2 and all(e.startswith("rollout-0-") for e in cancelled[:2])
-    assert counts["failed"] == 0 and counts["dropped"] >= len(cancelled)  # cancelled for staleness: not a failure
+    # the stale group's 2 episodes, cancelled for staleness, are dropped, not failed (episodes of a later
+    # straggler group may be cancelled too, at staleness or at shutdown: counted when their group ends)
+    assert counts["failed"] == 0 and counts["dropped"] >= 2
     assert_invariant(counts)
 
 
