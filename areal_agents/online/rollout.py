@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import time
@@ -29,6 +28,7 @@ from areal_agents.online.gateway import gateway_app, masked, resolve_admin_key
 from areal_agents.online.sessions import OnlineState, SessionBook
 from areal_agents.rollout.groups import batch_metrics
 from areal_agents.rollout.staleness import StalenessBound
+from areal_agents.runtime.hosts import is_loopback
 from areal_agents.runtime.loop_thread import LoopThread
 from areal_agents.types import Trajectory
 
@@ -37,15 +37,6 @@ __all__ = ["OnlineRollout", "build_online_rollout", "gateway_line"]
 log = logging.getLogger("areal_agents.online")
 
 _SWEEP_EVERY = 1.0  # seconds between two sweeps for expired sessions (at most)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def gateway_line(run_dir: str | Path) -> str:
@@ -92,7 +83,7 @@ class OnlineRollout:
         run_dir = Path(self._exp.run_dir)
         key, source = resolve_admin_key(self._exp.online.admin_key_env, self._exp.online.admin_key_file, run_dir)
         host = self._exp.online.host
-        if not _is_loopback(host):
+        if not is_loopback(host):
             log.warning("online.host=%s: the gateway is reachable from other machines (the admin key and session "
                         "keys are its only guard; put TLS in front of it)", host)
         self._thread = LoopThread("online-gateway")

@@ -4,7 +4,8 @@
 * :mod:`.loop_thread` — an asyncio event loop on a thread of its own;
 * :mod:`.lifeline` — a child that dies with its parent;
 * :mod:`.stopping` — SIGINT/SIGTERM as a clean stop;
-* :mod:`.ids` — completion and tool-call ids and episode keys without a system call each.
+* :mod:`.ids` — completion and tool-call ids and episode keys without a system call each;
+* :mod:`.hosts` — whether an address to listen on stays on this machine.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ would still not run.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import math
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from areal_agents.failures import UserError
+from areal_agents.runtime.hosts import is_loopback
 from areal_agents.viewer.runs import EpisodeQuery, Run
 
 __all__ = ["ASSETS", "bind_warning", "build_app", "name_runs", "serve"]
@@ -193,11 +193,7 @@ def build_app(run_dirs: Sequence[str | Path]) -> web.Application:
 
 def bind_warning(host: str) -> str | None:
     """The line ``serve`` prints when ``host`` reaches beyond this machine's loopback, else None."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        loopback = False
-    if loopback:
+    if is_loopback(host):
         return None
     return (f"warning: the viewer listens on {host}: anyone who reaches this port reads these runs' episodes "
             "and config (no authentication)")
