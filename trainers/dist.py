@@ -72,7 +72,8 @@ def init_distributed(device: str = "cpu", first_gpu: int = 0) -> tuple[int, int]
         dist.init_process_group(backend, rank=int(os.environ.get("RANK", "0")),
                                 world_size=int(os.environ["WORLD_SIZE"]))
     else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        # a world of one: its store takes a free port as it binds (nobody else needs to know which)
+        dist.init_process_group(backend, init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 

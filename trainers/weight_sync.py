@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from areal_agents.inference import control, protocol
-from areal_agents.inference.weight_group import drop_weight_group, new_weight_group
+from areal_agents.inference.weight_group import drop_weight_group, master_store, new_weight_group
 from trainers import dist as tdist
 from trainers.hf_io import TORCH_DTYPES
 from trainers.lora import adapter_config
@@ -272,14 +272,15 @@ class DistributedWeightSync(WeightSync):
     def _init_group(self, servers: list[str], timeout_s: float) -> None:
         """Servers join over HTTP while rank 0 creates its side (both block until all meet)."""
         self.close()
-        port = self.master_port or tdist.free_port()
         world = self.world_size(len(servers))
+        store = master_store(self.master_address, self.master_port or 0, world, timeout_s)  # bound before it is announced
+        port = store.port  # type: ignore[attr-defined]  # a TCPStore's
         self._formed += 1  # group names are process-wide in torch (and SGLang): each group a new one
         payloads = self.init_group_payloads(servers, port, timeout_s)
 
         def create() -> None:
             self.group = new_weight_group(self.backend, self.master_address, port, world, 0, self.current_name,
-                                          timeout_s)
+                                          timeout_s, store)
 
         self._while(lambda: control.init_weights_update_group(servers, payloads, timeout=timeout_s), create)
         self.members = list(servers)

@@ -22,7 +22,7 @@ from areal_agents.config import ExperimentConfig
 from areal_agents.inference import control
 from areal_agents.inference.client import InferenceClient
 from areal_agents.inference.launcher import ServerGroup, ServerHandle, embedded_command, free_port, launch_servers
-from areal_agents.inference.weight_group import drop_weight_group, new_weight_group
+from areal_agents.inference.weight_group import drop_weight_group, master_store, new_weight_group
 from trainers.engine import TrainEngine
 from trainers.tiny_model import build_tiny_model
 from trainers.weight_sync import DiskWeightSync, DistributedWeightSync, WeightSync
@@ -213,13 +213,15 @@ def test_a_server_dying_after_the_pause_ends_the_broadcast_at_once(model_dir: Pa
 def test_a_server_waits_for_a_broadcast_no_longer_than_the_groups_timeout(servers: ServerGroup) -> None:
     """A trainer that forms the group and announces a version but never broadcasts it (hung,
     not dead): the server gives up after the ``timeout_s`` the join carried, and says so."""
-    addr, port = servers[0].address, free_port()
+    addr = servers[0].address
+    store = master_store("127.0.0.1", 0, 2, 60)
+    port = store.port
     sync = DistributedWeightSync([addr], backend="gloo")
     (body,) = sync.init_group_payloads([addr], port, timeout_s=2)
     assert body["timeout_s"] == 2.0
     made: list[Any] = []  # the ProcessGroup rank 0 makes
     joining = threading.Thread(target=lambda: made.append(
-        new_weight_group("gloo", "127.0.0.1", port, 2, 0, sync.current_name, 60)))
+        new_weight_group("gloo", "127.0.0.1", port, 2, 0, sync.current_name, 60, store)))
     joining.start()
     control.init_weights_update_group([addr], [body], timeout=60)
     joining.join()
@@ -293,6 +295,7 @@ def test_a_refused_group_falls_back_at_once(model_dir: Path, servers: ServerGrou
     first = _FixedName([addr], backend="gloo", timeout_s=60, fallback=DiskWeightSync([addr], tmp_path / "w1"))
     first.sync(engine, 21)
     assert first.last_error is None
+    first.close()  # this process forgets the name (its own side would refuse it too): the server still holds it
     second = _FixedName([addr], backend="gloo", timeout_s=600, fallback=DiskWeightSync([addr], tmp_path / "w2"))
     syncing = threading.Thread(target=second.sync, args=(engine, 22))  # the server holds that name already
     syncing.start()
