@@ -85,7 +85,8 @@ class EnvStep:
         if self.error is not None:
             info["error"] = self.error
             return "env_error"
-        info.update(self.info)
+        summed = {k: info.get(k, 0) + self.info[k] for k in ("reward_s", "judge_calls") if k in self.info}
+        info.update(self.info, **summed)  # reward seconds and judge calls add up over the turns
         return self.reward_status or status
 
 

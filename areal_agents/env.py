@@ -209,7 +209,9 @@ class RewardMixin:
 
 
 def _reward_outcome(result: Any) -> tuple[float, dict[str, Any]]:
-    info: dict[str, Any] = {"reward_status": result.status}
+    info: dict[str, Any] = {"reward_status": result.status, "reward_s": result.seconds}
+    if result.judge_calls:
+        info["judge_calls"] = result.judge_calls
     if not result.ok:
         info["reward_error"] = result.error
     return result.value, info

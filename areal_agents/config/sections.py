@@ -158,6 +158,9 @@ class RolloutConfig(Section):
                               within("[0, 1)"))
     failure_policy: str = f("drop", "Failed episodes: drop, or zero (keep with reward 0).", one_of("drop", "zero"))
     episode_timeout: float = f(600.0, "Seconds before an episode is cancelled as timeout.", gt(0))
+    group_reward: str | None = f(None, "A registered group reward (register_reward over a group_reward function, or a "
+                                       "GroupJudge) that scores each finished group in one call; its scores replace "
+                                       "the episodes' last-turn rewards. None: the env's rewards alone.")
     reward_timeout: float = f(10.0, "Seconds one reward call may take.", gt(0))
     reward_workers: int | None = f(None, "Reward worker processes (calls run at once); None = one per CPU core, "
                                          "at most 8.", ge(1))
@@ -416,6 +419,8 @@ class EvalConfig(Section):
     n: int | None = f(None, "Test rows to evaluate; None = all of data.test_size.")
     k: int = f(1, "pass@k samples per row (k > 1 samples at temperature eval.temperature).", ge(1))
     temperature: float = f(1.0, "Sampling temperature for pass@k (greedy pass@1 is always reported).")
+    env_kwargs: dict[str, Any] = f({}, "env.kwargs the evals play with instead (over env.kwargs): e.g. "
+                                       "{reward: math} measures by exact answers a run trained on a judge's reward.")
 
 
 @dataclass

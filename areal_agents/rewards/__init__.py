@@ -3,7 +3,8 @@
 A reward is ``fn(completion: str, **row) -> float`` registered with ``@register_reward("name")``.
 
 * :mod:`.builtin` — ``math``, ``exact-match``, ``format`` and :func:`fast_path`;
-* :mod:`.judge` — :class:`Judge`: a reward read from a judge model's reply (an OpenAI-compatible endpoint);
+* :mod:`.judge` — :class:`Judge`: a reward read from a judge model's reply (an OpenAI-compatible endpoint), and
+  :class:`GroupJudge`: one call that scores a whole group (a :func:`group_reward`);
 * :mod:`.runner` — :class:`RewardRunner`: worker processes, a timeout per call, failures counted, never a stuck run;
 * :mod:`.worker` — one worker process, tied to the life of the process that started it.
 """
@@ -16,10 +17,12 @@ from areal_agents.rewards.builtin import (
     extract_answer,
     fast_path,
     format_reward,
+    group_reward,
+    is_group_reward,
     math_reward,
     resolve_reward,
 )
-from areal_agents.rewards.judge import Judge, JudgeError, parse_score
+from areal_agents.rewards.judge import GroupJudge, Judge, JudgeError, parse_group_scores, parse_score
 from areal_agents.rewards.runner import (
     RewardResult,
     RewardRunner,
@@ -31,6 +34,7 @@ from areal_agents.rewards.runner import (
 from areal_agents.rewards.worker import check_not_in_worker
 
 __all__ = [
+    "GroupJudge",
     "Judge",
     "JudgeError",
     "RewardFn",
@@ -44,7 +48,10 @@ __all__ = [
     "fast_path",
     "format_reward",
     "get_default_runner",
+    "group_reward",
+    "is_group_reward",
     "math_reward",
+    "parse_group_scores",
     "parse_score",
     "resolve_reward",
     "set_default_runner",

@@ -1,4 +1,4 @@
-"""The built-in rewards (``math``, ``exact-match``, ``format``) and :func:`fast_path`.
+"""The built-in rewards (``math``, ``exact-match``, ``format``), :func:`fast_path` and :func:`group_reward`.
 
 A reward is ``fn(completion: str, **row) -> float`` registered with ``@register_reward("name")``;
 it runs in a :class:`~areal_agents.rewards.runner.RewardRunner` worker unless its fast path decides it.
@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from areal_agents.registry import rewards as reward_registry
 
-__all__ = ["RewardFn", "exact_match_reward", "extract_answer", "fast_path", "format_reward", "math_reward", "resolve_reward"]
+__all__ = ["RewardFn", "exact_match_reward", "extract_answer", "fast_path", "format_reward", "group_reward",
+           "is_group_reward", "math_reward", "resolve_reward"]
 
 RewardFn = Callable[..., float]
 
@@ -65,6 +66,21 @@ def fast_path(fast: Callable[..., float | None]) -> Callable[[RewardFn], RewardF
         return fn
 
     return wrap
+
+
+def group_reward(fn: Callable[..., Sequence[float]]) -> Callable[..., Sequence[float]]:
+    """Mark ``fn(completions: list[str], **row) -> list[float]`` as a group reward: it scores the
+    finished episodes of one row together (their final replies, in order), one score each, e.g. a
+    judge ranking them in one call (:class:`~areal_agents.rewards.judge.GroupJudge`). Register it
+    like any reward and name it in ``rollout.group_reward``: its scores replace each episode's
+    last-turn reward before the group's advantages are computed."""
+    fn.group = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_group_reward(fn: Any) -> bool:
+    """Whether ``fn`` scores whole groups (:func:`group_reward`, or a ``group`` attribute that is true)."""
+    return getattr(fn, "group", False) is True
 
 
 def _plain_math(completion: str, answer: Any = None, **row: Any) -> float | None:

@@ -10,6 +10,8 @@ reads the score from the reply with its ``scale``:
 * ``"choice:A=1,B=0.5,C=0"`` — the first of the choices the reply starts with, its value;
 * ``"json:score"`` — the number under ``score`` in the first JSON object of the reply.
 
+With ``after`` (e.g. ``"Verdict:"``) the scale reads only what follows the last ``after`` in the
+reply: a judge that reasons (or works the answer out) first and gives its verdict last.
 A reply the scale cannot read raises :class:`JudgeError` naming the reply; an endpoint that does
 not answer within ``timeout`` after ``retries`` retries raises as well. By default a judge asks the
 model the run serves for judges (``judge.model_path``, at ``$AREAL_AGENTS_JUDGE_URL``). In a run the judge runs in
@@ -29,10 +31,14 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["NOT_SERVED_YET", "Judge", "JudgeError", "check_scale", "parse_score"]
+__all__ = ["NOT_SERVED_YET", "GroupJudge", "Judge", "JudgeError", "check_group_scale", "check_scale",
+           "parse_group_scores", "parse_score"]
+
+_T = TypeVar("_T")
 
 NOT_SERVED_YET = "no judge endpoint"
 """How a judge's error starts when its endpoint variable is unset: before the run serves its judge
@@ -75,16 +81,21 @@ def parse_score(reply: str, scale: str) -> float:
         raise JudgeError(f"the judge's reply {_shown(reply)} starts with none of {', '.join(choices)}")
     if scale.startswith("json:"):
         key = scale[len("json:"):]
-        start = text.find("{")
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
-        except ValueError:
-            obj = None
-        found = obj.get(key) if isinstance(obj, dict) else None
+        found = _json_under(text, key)
         if isinstance(found, bool) or not isinstance(found, (int, float)):
             raise JudgeError(f"the judge's reply {_shown(reply)} has no JSON object with a number under {key!r}")
         return float(found)
     raise ValueError(f"unknown judge scale {scale!r}: yes/no, LO-HI (e.g. 0-10), choice:A=1,B=0 or json:KEY")
+
+
+def _json_under(text: str, key: str) -> Any:
+    """The value under ``key`` in the first JSON object of ``text`` (None when there is none)."""
+    start = text.find("{")
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
+    except ValueError:
+        return None
+    return obj.get(key) if isinstance(obj, dict) else None
 
 
 def _choices(scale: str) -> dict[str, float]:
@@ -116,7 +127,7 @@ class _Format(dict):  # type: ignore[type-arg]
 
 
 _CLIENTS: dict[tuple[str, float], Any] = {}
-_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()
+_CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -128,7 +139,8 @@ class Judge:
     (``{prompt}``, ``{answer}``, ...); ``system``: an optional system message; ``scale``: how the
     reply is read; ``base_url``: the endpoint's OpenAI base URL (``http://HOST:PORT/v1``);
     ``model``: the model name sent; ``api_key_env``: the environment variable holding the key
-    (none sent when unset); ``max_tokens``/``temperature``: the judge's sampling (greedy by default).
+    (none sent when unset); ``max_tokens``/``temperature``: the judge's sampling (greedy by default);
+    ``after``: the marker the verdict follows (the scale reads the reply after its last occurrence).
     """
 
     rubric: str
@@ -141,6 +153,7 @@ class Judge:
     temperature: float = 0.0
     timeout: float = 30.0
     retries: int = 2
+    after: str = ""
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -196,16 +209,129 @@ class Judge:
                 time.sleep(min(2.0, 0.25 * 2**attempt))
         raise JudgeError(f"the judge at {url} did not answer after {self.retries + 1} tries ({last})")
 
-    def __call__(self, completion: str, **row: Any) -> float:
-        messages = self.messages(completion, row)
+    def after_marker(self, reply: str) -> str:
+        """What the scale reads: the reply after the last ``after`` (all of it when unset)."""
+        if not self.after:
+            return reply
+        at = reply.rfind(self.after)
+        if at < 0:
+            raise JudgeError(f"the judge's reply {_shown(reply)} has no verdict (nothing after {self.after!r})")
+        return reply[at + len(self.after):]
+
+    def score(self, reply: str) -> float:
+        """The score in the judge's ``reply`` (after the last ``after``, when set)."""
+        return parse_score(self.after_marker(reply), self.scale)
+
+    def cached(self, messages: list[dict[str, str]], read: Callable[[str], _T]) -> _T:
+        """``read(reply)`` for the judge's reply to ``messages``, from the cache when asked before."""
         key = (self, self.endpoint(), json.dumps(messages, sort_keys=True))
         with _LOCK:
             if key in _CACHE:
                 _CACHE.move_to_end(key)
-                return _CACHE[key]
-        score = parse_score(self.ask(messages), self.scale)
+                return _CACHE[key]  # type: ignore[no-any-return]
+        got = read(self.ask(messages))
         with _LOCK:
-            _CACHE[key] = score
+            _CACHE[key] = got
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
-        return score
+        return got
+
+    def __call__(self, completion: str, **row: Any) -> float:
+        return self.cached(self.messages(completion, row), self.score)
+
+
+_LABELS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclass(frozen=True)
+class GroupJudge(Judge):
+    """A group reward (:func:`~areal_agents.rewards.builtin.group_reward`) read from one judge call
+    that sees every reply of a group: ``judge(completions, **row) -> list[float]``.
+
+    The ``rubric`` holds ``{completions}``: the replies labelled ``a``, ``b``, ... (``item`` per
+    reply, ``{label}`` and ``{completion}``, joined by ``separator``), besides the row's fields. The
+    ``scale`` reads the reply (after ``after``, when set):
+
+    * ``"ranking"`` — labels best first (``b > a > c``): the i-th of n listed scores (n - i) / n, an
+      unlisted reply 0;
+    * ``"picks"`` — the labels of the acceptable replies (``a d``; ``none``): 1.0 each, the rest 0;
+    * ``"scores:LO-HI"`` — one number per reply, in order, each in the range, mapped to [0, 1];
+    * ``"json:KEY"`` — under ``KEY``, a list of one number per reply, or an object of label: number.
+    """
+
+    scale: str = "ranking"
+    item: str = "{label}) {completion}"
+    separator: str = "\n"
+    group = True
+
+    def __post_init__(self) -> None:
+        check_group_scale(self.scale)
+        if not self.base_url.startswith(("http://", "https://", "$")):
+            raise ValueError(f"GroupJudge.base_url must be an http(s) URL ending in /v1, or $VARIABLE holding one "
+                             f"(got {self.base_url!r})")
+
+    def messages(self, completion: Any, row: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat messages the judge is asked for the group's replies ``completion`` (a list)."""
+        replies = list(completion)
+        if len(replies) > len(_LABELS):
+            raise JudgeError(f"a group judge labels at most {len(_LABELS)} replies (got {len(replies)})")
+        listed = self.separator.join(self.item.format(label=_LABELS[i], completion=c) for i, c in enumerate(replies))
+        user = self.rubric.format_map(_Format({**row, "completions": listed}))
+        return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
+
+    def scores(self, reply: str, n: int) -> list[float]:
+        """The ``n`` scores the judge's ``reply`` gives (:class:`JudgeError` naming it when unreadable)."""
+        return parse_group_scores(self.after_marker(reply), self.scale, n)
+
+    def __call__(self, completion: Any, **row: Any) -> list[float]:  # type: ignore[override]
+        replies = list(completion)
+        return self.cached(self.messages(replies, row), lambda reply: self.scores(reply, len(replies)))
+
+
+def check_group_scale(scale: str) -> str:
+    """``scale`` if :func:`parse_group_scores` knows it (``ValueError`` naming the forms otherwise)."""
+    if scale in ("ranking", "picks") or scale.startswith("json:") and len(scale) > 5 or \
+            scale.startswith("scores:") and _RANGE.match(scale[len("scores:"):]):
+        return scale
+    raise ValueError(f"unknown group judge scale {scale!r}: ranking, picks, scores:LO-HI or json:KEY")
+
+
+def _labels(text: str, n: int, reply: str) -> list[int]:
+    """The reply labels ``text`` names, in order: its one-letter lowercase words (``none`` alone: no label)."""
+    words = re.findall(r"[A-Za-z]+", text)
+    if [w.lower() for w in words] == ["none"]:
+        return []
+    found = [_LABELS.index(w) for w in words if len(w) == 1 and w in _LABELS]  # labels are lowercase letters
+    if any(k >= n for k in found):
+        raise JudgeError(f"the judge's reply {_shown(reply)} names a reply past {_LABELS[n - 1]}")
+    if not found:
+        raise JudgeError(f"the judge's reply {_shown(reply)} names none of the replies {', '.join(_LABELS[:n])}")
+    if len(set(found)) < len(found):
+        raise JudgeError(f"the judge's reply {_shown(reply)} names a reply twice")
+    return found
+
+
+def parse_group_scores(reply: str, scale: str, n: int) -> list[float]:
+    """The ``n`` scores ``scale`` reads in ``reply`` (see :class:`GroupJudge`); :class:`JudgeError` naming
+    the reply when it cannot."""
+    check_group_scale(scale)
+    if scale in ("ranking", "picks"):
+        order = _labels(reply, n, reply)
+        out = [0.0] * n
+        for i, k in enumerate(order):
+            out[k] = 1.0 if scale == "picks" else (n - i) / n
+        return out
+    if scale.startswith("scores:"):
+        lo, hi = (float(x) for x in _RANGE.match(scale[len("scores:"):]).groups())  # type: ignore[union-attr]
+        numbers = [float(x) for x in _NUMBER.findall(reply)][:n]
+        if len(numbers) < n or not all(lo <= x <= hi for x in numbers):
+            raise JudgeError(f"the judge's reply {_shown(reply)} does not give {n} numbers in {lo:g}-{hi:g}")
+        return [(x - lo) / (hi - lo) for x in numbers]
+    key = scale[len("json:"):]
+    found = _json_under(reply, key)
+    if isinstance(found, dict):
+        found = [found.get(label) for label in _LABELS[:n]]
+    if not isinstance(found, list) or len(found) != n or \
+            not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in found):
+        raise JudgeError(f"the judge's reply {_shown(reply)} has no JSON object with {n} numbers under {key!r}")
+    return [float(x) for x in found]

@@ -22,6 +22,7 @@ from typing import Any
 from areal_agents.config.loader import user_files
 from areal_agents.failures import function_location
 from areal_agents.rewards.builtin import RewardFn, resolve_reward
+from areal_agents.rewards.judge import Judge
 from areal_agents.rewards.worker import Worker, check_not_in_worker, main_script_file
 from areal_agents.runtime.cpus import usable_cpus
 
@@ -34,7 +35,7 @@ __all__ = [
     "set_default_runner",
 ]
 
-_Job = tuple[str, Any, bytes, float]  # a call for a worker: label, function, pickled job, start time
+_Job = tuple[str, Any, bytes]  # a call for a worker: label, function, pickled job
 
 
 @dataclass
@@ -44,7 +45,9 @@ class RewardResult:
     value: float
     status: str = "ok"
     error: str = ""
-    seconds: float = 0.0
+    seconds: float = 0.0  # the call in its worker (a worker started for it included), not the wait for a free one
+    judge_calls: int = 0  # 1 for a call of a :class:`~areal_agents.rewards.judge.Judge` (answered or not)
+    values: list[float] | None = None  # a group reward's scores, one per reply (``value`` is their mean)
 
     @property
     def ok(self) -> bool:
@@ -101,21 +104,20 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             self.stats[result.status] = self.stats.get(result.status, 0) + 1
         return result
 
-    def _prepare(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None) -> RewardResult | _Job:
+    def _prepare(self, fn: str | RewardFn, completion: str | list[str], row: dict[str, Any] | None) -> RewardResult | _Job:
         """The result when no worker is needed (``fn``'s :func:`fast_path` decides the call, or the call
-        cannot be sent to a worker), else ``(label, function, pickled job, start time)`` for a worker."""
+        cannot be sent to a worker), else ``(label, function, pickled job)`` for a worker."""
         row = dict(row or {})
         with contextlib.suppress(Exception):  # the worker runs the call and reports what is wrong
             fast = getattr(resolve_reward(fn), "fast_path", None)
             value = None if fast is None else fast(completion, **row)
             if value is not None and math.isfinite(float(value)):
                 return self._count(RewardResult(float(value), "ok", "", 0.0))
-        t0 = time.monotonic()
         label = f"reward {fn if isinstance(fn, str) else getattr(fn, '__name__', 'function')!r}"
         try:
             resolved = resolve_reward(fn)
             files = {**user_files(), **main_script_file(resolved)}
-            return label, resolved, pickle.dumps((files, pickle.dumps((resolved, completion, row)))), t0
+            return label, resolved, pickle.dumps((files, pickle.dumps((resolved, completion, row))))
         except Exception as exc:  # noqa: BLE001
             return self._count(RewardResult(0.0, "reward_error", f"{label}: cannot send the call to a worker: {exc}"))
 
@@ -136,15 +138,18 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         return self._count(RewardResult(0.0, "reward_error", f"{label} ended its worker process (exit code {code})",
                                         time.monotonic() - t0))
 
-    def compute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
-        """Run ``fn(completion, **row)`` (its fast path here, else in a worker); never raises for a bad reward."""
+    def compute(self, fn: str | RewardFn, completion: str | list[str], row: dict[str, Any] | None = None) -> RewardResult:
+        """Run ``fn(completion, **row)`` (its fast path here, else in a worker); never raises for a bad reward.
+        A group reward (:func:`~areal_agents.rewards.builtin.group_reward`) takes the group's replies as
+        ``completion``; its scores are the result's ``values``."""
         call = self._prepare(fn, completion, row)
         return call if isinstance(call, RewardResult) else self._run_job(*call)
 
     __call__ = compute
 
-    def _run_job(self, label: str, resolved: Any, job: bytes, t0: float) -> RewardResult:
-        with self._slots:
+    def _run_job(self, label: str, resolved: Any, job: bytes) -> RewardResult:
+        with self._slots:  # a result's seconds: from here (a worker's start included), not the wait for a slot
+            t0 = time.monotonic()
             worker = self._take_idle()
             if worker is None:
                 worker = Worker(None if self.memory_mb is None else self.memory_mb * 2**20)
@@ -160,11 +165,12 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
 
     def _reply(self, worker: Worker, answered: bool, label: str, resolved: Any, t0: float) -> RewardResult:
         """The result of a call sent to ``worker``, once its reply came (``answered``) or the timeout passed."""
+        judged = int(isinstance(resolved, Judge))
         if not answered:
             worker.kill()
             where = function_location(resolved)
             return self._count(RewardResult(0.0, "timeout", f"{label} did not return within {self.timeout:g} s"
-                                            + (f" ({where})" if where else ""), time.monotonic() - t0))
+                                            + (f" ({where})" if where else ""), time.monotonic() - t0, judged))
         try:
             ok, value = worker.conn.recv()
         except (EOFError, OSError):
@@ -175,11 +181,13 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
             else:
                 self._idle.append(worker)
         dt = time.monotonic() - t0
+        if ok and isinstance(value, list):  # a group reward's
+            return self._count(RewardResult(sum(value) / max(1, len(value)), "ok", "", dt, judged, value))
         if ok:
-            return self._count(RewardResult(float(value), "ok", "", dt))
-        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt))
+            return self._count(RewardResult(float(value), "ok", "", dt, judged))
+        return self._count(RewardResult(0.0, "reward_error", f"{label} {value}", dt, judged))
 
-    async def acompute(self, fn: str | RewardFn, completion: str, row: dict[str, Any] | None = None) -> RewardResult:
+    async def acompute(self, fn: str | RewardFn, completion: str | list[str], row: dict[str, Any] | None = None) -> RewardResult:
         """:meth:`compute` for asyncio callers. With a started worker free, the call waits on
         the worker's socket in the event loop (no thread hand-off); otherwise (every worker
         busy, or one must start) it runs in a thread."""
@@ -189,7 +197,8 @@ class RewardRunner(contextlib.AbstractContextManager["RewardRunner"]):
         worker = self._free_worker()
         if worker is None:
             return await asyncio.to_thread(self._run_job, *call)
-        label, resolved, job, t0 = call
+        label, resolved, job = call
+        t0 = time.monotonic()  # the call's seconds: in the worker, not waiting for one
         try:
             worker.conn.send_bytes(job)
             answered = await _readable(worker.conn.fileno(), self.timeout)

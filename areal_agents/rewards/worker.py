@@ -69,6 +69,13 @@ def check_value(value: Any) -> float:
     return result
 
 
+def check_values(value: Any, n: int) -> list[float]:
+    """A group reward's ``value`` as ``n`` finite floats (one per reply of the group)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != n:
+        raise BadValue(f"returned {type(value).__name__} {value!r:.60}, not {n} numbers (one per reply of the group)")
+    return [check_value(v) for v in value]
+
+
 def describe_failure(fn: Any, exc: BaseException) -> str:
     """What went wrong in ``fn`` (``returned str ..., not a number`` or ``raised Type: msg``)
     and where: the innermost line of ``fn``'s file in the traceback, else where ``fn`` is defined."""
@@ -116,7 +123,8 @@ def _import_files(files: dict[str, str]) -> None:
 
 
 def _serve(conn: Connection) -> None:
-    """Receive ``(files, pickled (fn, completion, row))``, send ``(ok, value or error text)``."""
+    """Receive ``(files, pickled (fn, completion, row))``, send ``(ok, value or error text)`` (a group
+    reward's ``completion`` is the group's replies, its value a list of scores)."""
     while True:
         try:
             job = conn.recv_bytes()
@@ -129,7 +137,9 @@ def _serve(conn: Connection) -> None:
             files, payload = pickle.loads(job)
             _import_files(files)
             fn, completion, row = pickle.loads(payload)
-            reply: tuple[bool, Any] = (True, check_value(fn(completion, **row)))
+            value = fn(completion, **row)
+            reply: tuple[bool, Any] = (True, check_values(value, len(completion)) if getattr(fn, "group", False) is True
+                                       else check_value(value))
         except BaseException as exc:  # noqa: BLE001 - everything becomes a recorded failure
             reply = (False, describe_failure(fn, exc) if fn is not None
                      else f"could not be loaded in a worker: {type(exc).__name__}: {exc}")

@@ -9,6 +9,7 @@ warm check and ``areal-agents eval``. No torch here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,8 +34,12 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
     """Greedy accuracy (and pass@k when ``k > 1``) over ``rows`` (the envs' rewards in ``reward_runner``).
 
     An episode counts as solved as :func:`episode_solved` says. When every greedy episode
-    failed, raises :class:`~areal_agents.rollout.EpisodesFailed` with the cause.
+    failed, raises :class:`~areal_agents.rollout.EpisodesFailed` with the cause. The envs take
+    ``env.kwargs`` updated with ``eval.env_kwargs`` (an eval may score by a truth the run does not
+    train on).
     """
+    if cfg.eval.env_kwargs:
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs={**cfg.env.kwargs, **cfg.eval.env_kwargs}))
     timeout = cfg.rollout.episode_timeout
     greedy_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, greedy=True),
                                  episode_timeout=timeout, reward_runner=reward_runner)

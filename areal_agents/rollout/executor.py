@@ -1,8 +1,7 @@
 """The asynchronous rollout executor: agent episodes on a background event loop, bounded staleness.
 
-:class:`RolloutExecutor` runs ``episode_fn(row, seed, episode_id) -> Trajectory`` coroutines (normally env +
-agent + LLM client, see :func:`make_episode_fn`) in an asyncio loop on its own thread, ``group_size`` episodes
-per dataset row, and hands finished groups to the trainer.
+:class:`RolloutExecutor` runs ``episode_fn(row, seed, episode_id) -> Trajectory`` coroutines (env + agent + LLM
+client, :func:`make_episode_fn`) in an asyncio loop on its own thread, ``group_size`` per row, and hands out groups.
 
 **Staleness control**: groups are launched as :mod:`areal_agents.rollout.staleness` allows; when
 ``set_version(v)`` makes a running group stale its episodes are cancelled and it is dropped (``stale``), and
@@ -10,19 +9,15 @@ ready batches are checked again when they are taken, so every trajectory in a ba
 version ≥ t − η. Each episode runs under :func:`~areal_agents.rollout.episode.with_deadline` (``episode_timeout``).
 
 **Accounting.** Every submitted episode ends in one counter: ``submitted == accepted + failed + dropped + in_flight``:
-
-- ``accepted`` — ``ok`` episodes of groups handed out or ready to be;
-- ``failed`` — episodes with a non-``ok`` status (``env_error``, ``reward_error``, ``timeout``, ``server_error``,
-  ``aborted``), whatever the policy; per status in ``rollout/failed/<status>``; those of dropped groups are kept
-  for the episode record (:meth:`RolloutExecutor.take_failed`). ``failure_policy=drop`` drops the failed
-  episode's whole group (batches keep groups of exactly ``group_size``); ``zero`` keeps it in its group with
-  reward 0 (set where the episode ends, :func:`~areal_agents.rollout.returns.settle_returns`) and its status set;
-- ``dropped`` — ``ok`` episodes discarded with their group: by the group filter (``nonzero_std``; after
-  ``4 × batch_size`` groups in a row fail it, as when the policy always or never succeeds, groups are kept until
-  one passes again, so that training goes on instead of waiting for a group that may never come), for staleness
-  (with the episodes cancelled for it), or because a sibling failed under ``drop``; ``rollout/dropped_groups``
-  counts those groups (by reason under ``rollout/dropped_groups/*``);
-- ``in_flight`` — queued, running, or finished but waiting for the rest of their group.
+``accepted`` — ``ok`` episodes of groups handed out or ready to be; ``failed`` — non-``ok`` episodes (``env_error``,
+``reward_error``, ``timeout``, ``server_error``, ``aborted``), per status in ``rollout/failed/<status>``, those of
+dropped groups kept for the episode record (:meth:`RolloutExecutor.take_failed`): ``failure_policy=drop`` drops the
+failed episode's whole group, ``zero`` keeps it with reward 0 (:func:`~areal_agents.rollout.returns.settle_returns`);
+``dropped`` — ``ok`` episodes discarded with their group: by the group filter (``nonzero_std``; after
+``4 × batch_size`` groups in a row fail it, groups are kept until one passes again, so that training goes on), for
+staleness, or for a failed sibling under ``drop`` (``rollout/dropped_groups/<reason>``); ``in_flight`` — queued,
+running, finished but waiting for the rest of their group, or being scored by a group reward
+(``group_scorer``, :mod:`areal_agents.rollout.group_scoring`).
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ import heapq
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -41,6 +36,7 @@ from typing import Any
 from areal_agents.config import RolloutConfig
 from areal_agents.failures import EpisodesFailed, failure_message
 from areal_agents.rollout.episode import EpisodeFn, episode_outcome, episode_solved, with_deadline
+from areal_agents.rollout.group_scoring import GroupScorer
 from areal_agents.rollout.groups import GROUP_FILTERS, Group, GroupFilter, Ledger, RowFeeder, batch_metrics, nonzero_std
 from areal_agents.rollout.interface import RolloutState
 from areal_agents.rollout.staleness import StalenessBound
@@ -59,7 +55,8 @@ class RolloutExecutor:
     adds a group by hand. Every episode's return is settled from its ``turn_rewards`` with γ = ``turn_discount``
     (``env.turn_discount``, checked by the config) and ``cfg.failure_policy``. ``group_filter`` overrides
     ``cfg.group_filter`` with a callable ``keep(group) -> bool``. ``on_shutdown`` coroutine functions run on the
-    executor's loop at shutdown (e.g. closing an HTTP client session that lives on that loop).
+    executor's loop at shutdown (e.g. closing an HTTP client session that lives on that loop). ``group_scorer``
+    scores each finished group before it is resolved (``rollout.group_reward``).
     ``bounded_staleness=False`` limits launches by ``max_concurrent_rollouts`` only (rollout-only mode and
     evaluation). When every episode of ``max_failed_streak`` groups in a row failed (servers down, a broken env),
     waiting raises :class:`EpisodesFailed` naming the failed component and its last error instead of spinning
@@ -68,20 +65,10 @@ class RolloutExecutor:
 
     runs_in = "a thread of the trainer"
 
-    def __init__(
-        self,
-        cfg: RolloutConfig,
-        *,
-        episode_fn: EpisodeFn,
-        rows: Iterable[dict[str, Any]] | None = None,
-        seed: int = 1,
-        shuffle: bool = True,
-        turn_discount: float = 1.0,
-        group_filter: GroupFilter | None = None,
-        on_shutdown: Iterable[Callable[[], Awaitable[object]]] = (),
-        bounded_staleness: bool = True,
-        max_failed_streak: int = 32,
-    ) -> None:
+    def __init__(self, cfg: RolloutConfig, *, episode_fn: EpisodeFn, rows: Iterable[dict[str, Any]] | None = None,
+                 seed: int = 1, shuffle: bool = True, turn_discount: float = 1.0, group_filter: GroupFilter | None = None,
+                 on_shutdown: Iterable[Callable[[], Awaitable[object]]] = (), group_scorer: GroupScorer | None = None,
+                 bounded_staleness: bool = True, max_failed_streak: int = 32) -> None:
         self.cfg = cfg  # validated by RolloutConfig itself
         self._bound = StalenessBound(cfg.max_head_offpolicyness, cfg.batch_size * cfg.group_size,
                                      cfg.max_concurrent_rollouts, bounded_staleness)
@@ -91,7 +78,7 @@ class RolloutExecutor:
         self._turn_discount = turn_discount  # env.turn_discount, checked by the config
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
         self._filtered_in_a_row = 0  # groups the filter dropped since one passed it
-        self._on_shutdown = list(on_shutdown)
+        self._on_shutdown, self._group_scorer = list(on_shutdown), group_scorer
         self._max_failed_streak = max_failed_streak
         self._G = cfg.group_size
         self._cond = threading.Condition(threading.RLock())  # reentrant: state_dict() from a signal handler
@@ -103,12 +90,12 @@ class RolloutExecutor:
         self._pending: deque[Group] = deque()  # submitted, not launched yet
         self._active: dict[int, Group] = {}  # launched, not resolved
         self._ready: list[tuple[int, int, Group]] = []  # heap by (start_version, serial)
-        self._running = self._finished = self._gen_tokens = 0  # episodes running; finished and tokens generated
+        self._running, self._done = 0, Counter[str]()  # episodes running; sums over those finished (episodes, ...)
         self._delivered_groups = 0  # groups handed out or in the ready queue (capacity)
         self._consumed_groups = 0
         self._ledger = Ledger()
         self._last_batch: dict[str, float] = {}
-        self._rate_mark = (time.monotonic(), 0, 0)
+        self._rate_mark = (time.monotonic(), Counter[str]())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RolloutExecutor:
@@ -117,7 +104,7 @@ class RolloutExecutor:
             if self._state != "new":
                 raise RuntimeError(f"rollout executor cannot start: it is {self._state}")
             self._state = "running"
-            self._rate_mark = (time.monotonic(), self._finished, self._gen_tokens)
+            self._rate_mark = (time.monotonic(), self._done.copy())
             self._thread = LoopThread("rollout-loop")
         self._thread.start()
         self._kick()
@@ -258,11 +245,12 @@ class RolloutExecutor:
                                             else float(metrics["rollout/reward_std"] > 0))
         now = time.monotonic()
         with self._cond:
-            t0, f0, g0 = self._rate_mark
-            self._rate_mark = (now, self._finished, self._gen_tokens)
-            dt = max(now - t0, 1e-9)
-            metrics["perf/episodes_per_s"] = (self._finished - f0) / dt
-            metrics["perf/gen_tokens_per_s"] = (self._gen_tokens - g0) / dt
+            t0, before = self._rate_mark
+            self._rate_mark = (now, self._done.copy())
+            dt, done = max(now - t0, 1e-9), self._done - before
+            metrics["perf/episodes_per_s"], metrics["perf/gen_tokens_per_s"] = done["episodes"] / dt, done["gen_tokens"] / dt
+            metrics["time/reward_s"] = done["reward_s"]  # reward calls' seconds since the last batch, summed
+            metrics.update({"perf/judge_calls_per_s": done["judge_calls"] / dt} if done["judge_calls"] else {})
             self._last_batch = metrics
         return groups
 
@@ -276,16 +264,9 @@ class RolloutExecutor:
                     "in_flight": in_flight, "running": self._running, "ready_groups": len(self._ready)}
 
     def stats(self) -> dict[str, float]:
-        """Metrics of the last batch plus cumulative counters, with fixed names.
-
-        ``rollout/episode_len`` is the mean trajectory length in tokens (prompt, generated, env),
-        ``rollout/tokens`` the mean generated tokens, ``rollout/turns`` the mean LLM turns;
-        ``rollout/signal_groups`` the fraction of the batch's groups whose rewards differ (0: no
-        signal for group baselines; with groups of one, 1 or 0 as the batch's rewards differ or
-        not); ``rollout/skipped_rows`` the rows passed over so far (``skip_no_signal``);
-        ``staleness/*`` is ``version − start_version`` at consumption; ``perf/*`` rates cover
-        every episode finished since the previous batch.
-        """
+        """Metrics of the last batch plus cumulative counters, with fixed names: ``rollout/*``, ``staleness/*``
+        (``version − start_version`` at consumption), ``perf/*`` and ``time/reward_s`` (every episode finished
+        since the previous batch); what each means: docs/metrics.md."""
         with self._cond:
             counts = {f"rollout/{k}": float(v) for k, v in self.counts().items() if k != "ready_groups"}
             return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
@@ -405,15 +386,34 @@ class RolloutExecutor:
             traj.info.setdefault("seed", g.seed + k)
             with self._cond:
                 self._running -= 1
-                self._finished += 1
-                self._gen_tokens += traj.num_generated
+                self._done.update(episodes=1, gen_tokens=traj.num_generated, reward_s=traj.info.get("reward_s", 0.0),
+                                  judge_calls=traj.info.get("judge_calls", 0))
                 g.tasks.discard(task)
                 g.trajectories[k] = traj
                 if None not in g.trajectories:  # the group's last episode
-                    self._resolve_locked(g)
+                    self._score_or_resolve_locked(g)
         except Exception as exc:  # e.g. a user group filter raising
             self._fail(exc)
             return
+        self._launch()
+
+    def _score_or_resolve_locked(self, g: Group) -> None:
+        """Resolve a finished group, once the group reward (``group_scorer``) has scored it, if any."""
+        if self._group_scorer is None or g.stale or g.cancel_reason:
+            return self._resolve_locked(g)
+        scoring = asyncio.ensure_future(self._group_scorer(g.row, g.members()), loop=self._thread.loop)  # type: ignore[union-attr]
+        g.tasks.add(scoring)  # type: ignore[arg-type]  # cancelled with the group's episodes
+        scoring.add_done_callback(functools.partial(self._scored, g))
+
+    def _scored(self, g: Group, scoring: asyncio.Future[tuple[float, float]]) -> None:
+        with self._cond:
+            g.tasks.discard(scoring)  # type: ignore[arg-type]
+            error = "cancelled" if scoring.cancelled() else scoring.exception()
+            for t in g.members() if error else ():  # cancelled (stale, shutdown), or the scorer raised
+                t.status, t.info["error"] = "aborted" if scoring.cancelled() else "reward_error", f"group reward: {error!r}"
+            seconds, calls = (0.0, 0) if error else scoring.result()
+            self._done.update(reward_s=seconds, judge_calls=calls)
+            self._resolve_locked(g)
         self._launch()
 
     def _resolve_locked(self, g: Group) -> None:

@@ -32,15 +32,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from areal_agents.config import ExperimentConfig
+from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import import_user_module, user_files
 from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
+from areal_agents.rollout.group_scoring import GroupScorer, group_scorer
 from areal_agents.rollout.interface import Rollout, SavedRollout
 from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
-__all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "registrations"]
+__all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "build_group_scorer", "registrations"]
 
 _KINDS = ("envs", "agents", "datasets", "rewards")  # what an episode looks up
 
@@ -74,7 +75,27 @@ def build_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str,
     episode_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg), reward_runner=runner)
     return RolloutExecutor(cfg.rollout, episode_fn=episode_fn, rows=load_dataset_rows(cfg, "train"), seed=cfg.seed,
                            shuffle=cfg.data.shuffle, turn_discount=cfg.env.turn_discount,
-                           on_shutdown=[client.aclose, close_runner])
+                           on_shutdown=[client.aclose, close_runner], group_scorer=build_group_scorer(cfg, runner))
+
+
+def build_group_scorer(cfg: ExperimentConfig, runner: Any) -> GroupScorer | None:
+    """The scorer of ``rollout.group_reward`` in ``runner`` (None when unset); :class:`ConfigError` when
+    the name is not a group reward."""
+    name = cfg.rollout.group_reward
+    if name is None:
+        return None
+    from areal_agents.registry import RegistryError, rewards
+    from areal_agents.rewards import is_group_reward
+
+    try:
+        found = rewards.get(name)
+    except RegistryError as exc:
+        raise ConfigError("rollout.group_reward", str(exc)) from None
+    if not is_group_reward(found):
+        raise ConfigError("rollout.group_reward", f"reward {name!r} scores one reply, not a group: register a "
+                          "@group_reward function or a GroupJudge")
+    return group_scorer(runner, name, turn_discount=cfg.env.turn_discount,
+                        zero_failed=cfg.rollout.failure_policy == "zero")
 
 
 def registrations(cfg: ExperimentConfig | None = None) -> bytes:

@@ -17,7 +17,15 @@ import pytest
 
 from areal_agents.config.loader import load_config
 from areal_agents.inference.launcher import ServerGroup, launch_servers
-from areal_agents.rewards import Judge, JudgeError, RewardRunner, parse_score
+from areal_agents.rewards import (
+    GroupJudge,
+    Judge,
+    JudgeError,
+    RewardRunner,
+    is_group_reward,
+    parse_group_scores,
+    parse_score,
+)
 from areal_agents.rewards.judge import check_scale
 from envs.math import MathEnv
 
@@ -41,6 +49,50 @@ def test_a_reply_the_scale_cannot_read_is_named(reply: str, scale: str) -> None:
     with pytest.raises(JudgeError) as err:
         parse_score(reply, scale)
     assert repr(reply) in str(err.value)
+
+
+@pytest.mark.parametrize(("reply", "score"), [
+    ("82. Verdict: yes", 1.0), ("Verdict: no ... so, Verdict: yes", 1.0), ("yes, 81. Verdict: no", 0.0),
+])
+def test_a_verdict_after_the_reasoning_is_read_after_the_last_marker(reply: str, score: float) -> None:
+    judge = Judge("{completion}", "http://127.0.0.1:1/v1", after="Verdict:")
+    assert judge.score(reply) == score
+
+
+@pytest.mark.parametrize("reply", ["82. yes", "Verdict maybe", "82. Verdict: perhaps"])
+def test_a_reply_without_a_readable_verdict_is_named(reply: str) -> None:
+    with pytest.raises(JudgeError) as err:
+        Judge("{completion}", "http://127.0.0.1:1/v1", after="Verdict:").score(reply)
+    assert repr(reply) in str(err.value) or repr(reply.rsplit("Verdict:", 1)[-1]) in str(err.value)
+
+
+@pytest.mark.parametrize(("reply", "scale", "scores"), [
+    ("b > a > c", "ranking", [2 / 3, 1.0, 1 / 3]), ("c, a", "ranking", [2 / 3, 0.0, 1.0]),
+    ("a c", "picks", [1.0, 0.0, 1.0]), ("none", "picks", [0.0, 0.0, 0.0]), ("I pick: b", "picks", [0.0, 1.0, 0.0]),
+    ("7, 10 and 0", "scores:0-10", [0.7, 1.0, 0.0]), ('{"s": [1, 0.5, 0]}', "json:s", [1.0, 0.5, 0.0]),
+    ('{"s": {"a": 0, "b": 1, "c": 0.25}}', "json:s", [0.0, 1.0, 0.25]),
+])
+def test_group_scales_read_one_score_per_reply(reply: str, scale: str, scores: list[float]) -> None:
+    assert parse_group_scores(reply, scale, 3) == pytest.approx(scores)
+
+
+@pytest.mark.parametrize(("reply", "scale"), [
+    ("d > a", "ranking"), ("a > a > b", "ranking"), ("all good", "picks"), ("7 and 3", "scores:0-10"),
+    ("7, 3, 11", "scores:0-10"), ('{"s": [1, 0]}', "json:s"),
+])
+def test_a_group_reply_that_cannot_be_read_is_named(reply: str, scale: str) -> None:
+    with pytest.raises(JudgeError) as err:
+        parse_group_scores(reply, scale, 3)
+    assert repr(reply) in str(err.value)
+
+
+def test_a_group_judge_labels_the_replies_in_its_rubric() -> None:
+    judge = GroupJudge("Q: {prompt}\n{completions}\nBest first:", "http://127.0.0.1:1/v1")
+    (message,) = judge.messages(["4", "five", "4.0"], {"prompt": "2+2?"})
+    assert message == {"role": "user", "content": "Q: 2+2?\na) 4\nb) five\nc) 4.0\nBest first:"}
+    assert is_group_reward(judge) and not is_group_reward(Judge("{completion}", "http://127.0.0.1:1/v1"))
+    with pytest.raises(ValueError, match="unknown group judge scale"):
+        GroupJudge("{completions}", "http://127.0.0.1:1/v1", scale="yes/no")
 
 
 @pytest.mark.parametrize("scale", ["1..5", "choice:A", "json:", "stars", "choice:A=high"])
@@ -83,6 +135,11 @@ def test_a_judge_scores_in_the_reward_workers(judge_server: ServerGroup) -> None
     assert missing.status == "reward_error" and "{prompt}" in missing.error and "question" in missing.error
     assert gone.status == "reward_error" and "did not answer after 2 tries" in gone.error
     assert counts["reward_error"] == 3 and counts["ok"] == 3
+    # every judge call is counted as one, answered or not, with its seconds; a Python reward is no judge call
+    assert [r.judge_calls for r in (*results, unreadable, missing, gone)] == [1] * 6
+    assert all(r.seconds > 0 for r in results) and gone.seconds >= 0.25  # gone: it waited between its tries
+    with RewardRunner(timeout=60, max_workers=1) as runner:
+        assert runner.compute(lambda_free_reward, "x", {}).judge_calls == 0
 
 
 def test_a_judges_reply_is_kept_for_the_same_request(warm_caches: Any, tmp_path: Path) -> None:
@@ -105,7 +162,13 @@ def test_an_env_scored_by_a_failing_judge_reports_a_reward_error(judge_server: S
         env.reset(options={"prompt": "12+30=", "answer": "42"})
         _, reward, done, _, info = env.step("42")
     assert done and reward == 0.0 and info["reward_status"] == "reward_error"
+    assert info["judge_calls"] == 1 and info["reward_s"] > 0  # what time/reward_s and perf/judge_calls_per_s sum
     assert "yes or no" in info["reward_error"]
+
+
+def lambda_free_reward(completion: str, **row: Any) -> float:
+    """A Python reward (module level: it is sent to a worker)."""
+    return 0.5
 
 
 def docs_block(start: str) -> str:
