@@ -249,7 +249,7 @@ class RolloutExecutor:
             self._rate_mark = (now, self._done.copy())
             dt, done = max(now - t0, 1e-9), self._done - before
             metrics["perf/episodes_per_s"], metrics["perf/gen_tokens_per_s"] = done["episodes"] / dt, done["gen_tokens"] / dt
-            metrics["time/reward_s"] = done["reward_s"]  # reward calls' seconds since the last batch, summed
+            metrics["time/reward_s"] = done["reward_us"] / 1e6  # reward calls' seconds since the last batch, summed
             metrics.update({"perf/judge_calls_per_s": done["judge_calls"] / dt} if done["judge_calls"] else {})
             self._last_batch = metrics
         return groups
@@ -386,8 +386,8 @@ class RolloutExecutor:
             traj.info.setdefault("seed", g.seed + k)
             with self._cond:
                 self._running -= 1
-                self._done.update(episodes=1, gen_tokens=traj.num_generated, reward_s=traj.info.get("reward_s", 0.0),
-                                  judge_calls=traj.info.get("judge_calls", 0))
+                self._done.update(episodes=1, gen_tokens=traj.num_generated, judge_calls=traj.info.get("judge_calls", 0),
+                                  reward_us=round(1e6 * traj.info.get("reward_s", 0.0)))
                 g.tasks.discard(task)
                 g.trajectories[k] = traj
                 if None not in g.trajectories:  # the group's last episode
@@ -405,14 +405,14 @@ class RolloutExecutor:
         g.tasks.add(scoring)  # type: ignore[arg-type]  # cancelled with the group's episodes
         scoring.add_done_callback(functools.partial(self._scored, g))
 
-    def _scored(self, g: Group, scoring: asyncio.Future[tuple[float, float]]) -> None:
+    def _scored(self, g: Group, scoring: asyncio.Future[tuple[float, int]]) -> None:
         with self._cond:
             g.tasks.discard(scoring)  # type: ignore[arg-type]
             error = "cancelled" if scoring.cancelled() else scoring.exception()
             for t in g.members() if error else ():  # cancelled (stale, shutdown), or the scorer raised
                 t.status, t.info["error"] = "aborted" if scoring.cancelled() else "reward_error", f"group reward: {error!r}"
             seconds, calls = (0.0, 0) if error else scoring.result()
-            self._done.update(reward_s=seconds, judge_calls=calls)
+            self._done.update(reward_us=round(1e6 * seconds), judge_calls=calls)
             self._resolve_locked(g)
         self._launch()
 

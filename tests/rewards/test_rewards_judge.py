@@ -197,3 +197,27 @@ def test_the_docs_judge_registers_and_fails_in_one_line(judge_server: ServerGrou
     status, error = json.loads(served.stdout.strip().splitlines()[-1])
     # the math warm start is no judge of capitals: its reply is quoted in the one-line error
     assert status == "reward_error" and "the judge's reply '" in error and "0-10" in error, error
+
+
+def test_the_docs_group_judge_ranks_a_group_in_one_call(judge_server: ServerGroup, tmp_path: Path) -> None:
+    """The docs' group judge, registered from its file as written, is a group reward; asked of a
+    real endpoint (the math warm start, which cannot rank), its one call fails the whole group
+    with the reply quoted, as a run would count it."""
+    (tmp_path / "my_group_judges.py").write_text(docs_block("# my_group_judges.py"))
+    code = ("import json\n"
+            "from areal_agents.config.loader import load_config\n"
+            "cfg = load_config(None, ['imports=[my_group_judges.py]', 'rollout.group_reward=best-first'])\n"
+            "from areal_agents.registry import rewards\n"
+            "from areal_agents.rewards import RewardRunner, is_group_reward\n"
+            "judge = rewards.get('best-first')\n"
+            "with RewardRunner(timeout=60, max_workers=1) as r:\n"
+            "    got = r.compute('best-first', ['Paris.', 'Lyon.', 'I do not know.'], {'prompt': 'Capital of France?'})\n"
+            "print(json.dumps([is_group_reward(judge), judge.messages(['x', 'y'], {'prompt': 'P'})[-1]['content'],\n"
+            "                  got.status, got.error, got.judge_calls]))\n")
+    env = {**os.environ, "AREAL_AGENTS_JUDGE_URL": base_url(judge_server)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    group, rubric, status, error, calls = json.loads(done.stdout.strip().splitlines()[-1])
+    assert group and rubric.endswith("Request: P\na) x\nb) y") and calls == 1
+    assert status == "reward_error" and "the judge's reply" in error and "names none of the replies" in error

@@ -1,0 +1,41 @@
+"""A tiny judge alone drives learning: the judge is made here (``areal-agents sft --env
+math-grading``), its grading accuracy measured on held-out pairs (``areal-agents eval --env
+math-grading``), then the policy trains on ``math`` with **only** the judge's reward, one judge call
+an episode (``math-judge``) or one a group (``rollout.group_reward=math-group-judge``), while
+its evals keep scoring exact answers (``eval.env_kwargs.reward=math``), the truth the judge never
+sees. Each run must raise that exact-match greedy accuracy by 15 points or more."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false"]
+
+
+def cli(cache: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "areal_agents.cli", *args, *QUIET], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "AREAL_AGENTS_CACHE": str(cache), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def make_judge(cache: Path, out: Path, *extra: str) -> tuple[Path, float]:
+    """The judge (SFT as its recipe says) and its grading accuracy on 500 held-out pairs."""
+    cli(cache, "sft", "--env", "math-grading", f"sft.output_dir={out}", f"output_dir={out.parent / 'sft-runs'}", *extra)
+    report = out.parent / f"{out.name}-eval.json"
+    cli(cache, "eval", "--env", "math-grading", "--model", str(out), "--output", str(report),
+        f"output_dir={out.parent / 'eval-runs'}", *extra)
+    return out, float(json.loads(report.read_text())["eval/accuracy"])
+
+
+def train(cache: Path, run_dir: Path, policy: Path, judge: Path, *extra: str) -> list[dict[str, Any]]:
+    cli(cache, "run", "--env", "math", f"actor.path={policy}", f"judge.model_path={judge}",
+        "eval.env_kwargs.reward=math", f"output_dir={run_dir}", *extra)
+    return [json.loads(line) for line in (run_dir / "math" / "trial" / "metrics.jsonl").read_text().splitlines()]
