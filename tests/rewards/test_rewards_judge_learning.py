@@ -14,8 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false"]
+SETTINGS = ["trainer.total_steps=100", "trainer.save_every=0", "eval.every=50"]  # the math recipe's, 100 steps
 
 
 def cli(cache: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
@@ -39,3 +42,27 @@ def train(cache: Path, run_dir: Path, policy: Path, judge: Path, *extra: str) ->
     cli(cache, "run", "--env", "math", f"actor.path={policy}", f"judge.model_path={judge}",
         "eval.env_kwargs.reward=math", f"output_dir={run_dir}", *extra)
     return [json.loads(line) for line in (run_dir / "math" / "trial" / "metrics.jsonl").read_text().splitlines()]
+
+
+def report(name: str, judge_accuracy: float, rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """The exact-match accuracy before and after, printed beside the judge's figures."""
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    steps = [r for r in rows if "train/loss" in r]
+    given = sum(r["rollout/reward"] for r in steps) / len(steps)
+    curve = " -> ".join(f"{a:.3f}" for a in evals)
+    print(f"{name}: judge grading accuracy {judge_accuracy:.3f}; reward the judge gave {given:.3f} (mean of "
+          f"{len(steps)} steps); exact-match greedy accuracy {curve}; {steps[-1]['time/elapsed_s']:.0f} s")
+    assert not any(k.startswith("rollout/failed/timeout") for r in steps for k in r)
+    return evals[0], evals[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_tiny_judge_alone_raises_exact_match_accuracy(tmp_path: Path, warm_caches: Any) -> None:
+    judge, accuracy = make_judge(tmp_path / "cache", tmp_path / "judge")
+    assert accuracy >= 0.9, f"the judge grades {accuracy:.3f} of the held-out pairs right"
+    policy = next((warm_caches.get("math") / "warm").glob("math-*"))
+    rows = train(tmp_path / "cache", tmp_path / "runs", policy, judge, "env.kwargs.reward=math-judge", *SETTINGS)
+    before, after = report("math-judge", accuracy, rows)
+    assert after - before >= 0.15, (before, after)
+    assert all("perf/judge_calls_per_s" in r and r["time/reward_s"] > 0 for r in rows if "train/loss" in r)
