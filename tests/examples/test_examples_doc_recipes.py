@@ -29,6 +29,7 @@ QUIET = ["logging.progress=false", "logging.tensorboard=false", "logging.plots=f
 _HERE = "tests/examples/test_examples_doc_recipes.py"
 CUSTOM_ENV = ROOT / "examples" / "custom_env"  # the quickstart's package, file for file
 _INSTALL = "install command (the suite runs inside the installed checkout)"
+_TINY_JUDGE = "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_judge_alone_raises_exact_match_accuracy"
 _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its config is the dataclass defaults"
 
 # doc -> command (its shell words joined by spaces) -> "<test file>::<test name>" that runs or checks it, or "not run: <why>"
@@ -119,6 +120,14 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents run --env my-env imports=[my_env.py,my_judges.py] judge.model_path=/models/judge":
             "not run: a template (my-env, /models/judge); the same run with a served judge: "
             "tests/rewards/test_rewards_judge_run.py::test_a_run_trains_on_the_rewards_of_the_judge_it_serves",
+        "areal-agents run --env my-env imports=[my_env.py,my_group_judges.py] rollout.group_reward=best-first "
+        "judge.model_path=/models/judge":
+            "not run: a template (my-env, /models/judge); a group judge trains: "
+            "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_group_judge_alone_raises_exact_match_accuracy",
+        "areal-agents sft --env math-grading sft.output_dir=judges/math": _TINY_JUDGE,
+        "areal-agents eval --env math-grading --model judges/math": _TINY_JUDGE,
+        "areal-agents run --env math env.kwargs.reward=math-judge judge.model_path=judges/math "
+        "eval.env_kwargs.reward=math": _TINY_JUDGE,
     },
     "docs/online.md": {
         "areal-agents run --env math mode=online":
@@ -236,6 +245,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "class MyEnv(RewardMixin, Env):  # from areal_agents import Env, RewardMixin": "not run: a fragment; the README's and quickstart's envs call compute_reward this way",
         "from areal_agents import register_reward": f"{_HERE}::test_rewards_doc_blocks_run",
         "# my_judges.py": "tests/rewards/test_rewards_judge.py::test_the_docs_judge_registers_and_fails_in_one_line",
+        "# my_group_judges.py": "tests/rewards/test_rewards_judge.py::test_the_docs_group_judge_ranks_a_group_in_one_call",
     },
     "docs/trainer.md": {"engine = build_engine(cfg, model_path, spec)        # trainers.loop: critic / reference as the spec needs":
                         "not run: a fragment (cfg, batch, ...)"},
