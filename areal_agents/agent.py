@@ -85,8 +85,7 @@ class EnvStep:
         if self.error is not None:
             info["error"] = self.error
             return "env_error"
-        summed = {k: info.get(k, 0) + self.info[k] for k in ("reward_s", "judge_calls") if k in self.info}
-        info.update(self.info, **summed)  # reward seconds and judge calls add up over the turns
+        info.update(self.info)
         return self.reward_status or status
 
 

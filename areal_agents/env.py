@@ -188,17 +188,28 @@ class RewardMixin:
     """
 
     reward_runner: RewardRunner | None = None
+    reward_seconds: float = 0.0
+    """Seconds this env's reward calls took in their workers (the rollout reports them: ``time/reward_s``)."""
+    judge_calls: int = 0
+    """How many of them asked a judge (``perf/judge_calls_per_s``)."""
 
     def compute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """Evaluate a reward (registered name or function) in this env's runner; returns
         ``(value, info)`` where ``info`` has ``reward_status`` (``ok`` / ``reward_error`` /
         ``timeout``) and, on failure, ``reward_error``. A failed reward counts as 0.0."""
-        return _reward_outcome(self._reward_runner().compute(reward, completion, row))
+        return self._outcome(self._reward_runner().compute(reward, completion, row))
 
     async def acompute_reward(self, reward: Any, completion: str, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """:meth:`compute_reward` for natively async envs (``astep`` / ``aplay_turn``): the
         worker's reply is awaited in the event loop, not on a thread."""
-        return _reward_outcome(await self._reward_runner().acompute(reward, completion, row))
+        return self._outcome(await self._reward_runner().acompute(reward, completion, row))
+
+    def _outcome(self, result: Any) -> tuple[float, dict[str, Any]]:
+        """``(value, info)`` of a reward call, its cost tallied (never in ``info``: a step's info
+        stays the same for the same action, as Gymnasium's checker requires)."""
+        self.reward_seconds += result.seconds
+        self.judge_calls += result.judge_calls
+        return _reward_outcome(result)
 
     def _reward_runner(self) -> RewardRunner:
         if self.reward_runner is not None:
@@ -209,9 +220,7 @@ class RewardMixin:
 
 
 def _reward_outcome(result: Any) -> tuple[float, dict[str, Any]]:
-    info: dict[str, Any] = {"reward_status": result.status, "reward_s": result.seconds}
-    if result.judge_calls:
-        info["judge_calls"] = result.judge_calls
+    info: dict[str, Any] = {"reward_status": result.status}
     if not result.ok:
         info["reward_error"] = result.error
     return result.value, info

@@ -139,6 +139,8 @@ def make_episode_fn(
                 close()
         if not isinstance(traj, Trajectory):
             return _failed("agent_error", f"{type(agent).__name__}.run returned {type(traj).__name__}, not Trajectory")
+        if getattr(env, "reward_seconds", 0.0) or getattr(env, "judge_calls", 0):  # what its rewards cost
+            traj.info["reward_s"], traj.info["judge_calls"] = env.reward_seconds, env.judge_calls  # type: ignore[attr-defined]
         return traj
 
     async def episode_fn(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
