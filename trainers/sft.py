@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -318,12 +319,25 @@ def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget
     return out
 
 
+def _defaults(env_name: str) -> dict[str, Any]:
+    """The default values of the env's constructor arguments (none when it has no signature to read)."""
+    from areal_agents.registry import envs
+
+    try:
+        params = inspect.signature(envs.get(env_name)).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]]) -> str:
     """Hash of what decides the warm-started weights: the training rows themselves (not the data
     config, so eval and test-split settings do not rebuild it), env, SFT settings, base model, the
     precision it is trained in (``actor.dtype``), seed."""
     rows = hashlib.sha256(json.dumps(train_rows, sort_keys=True, default=str).encode()).hexdigest()
-    blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": cfg.env.kwargs, "rows": rows,
+    defaults = _defaults(cfg.env.name)  # an argument given its default value is no other env
+    env_kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in defaults or defaults[k] != v}
+    blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": env_kwargs, "rows": rows,
                        "sft": {k: v for k, v in dataclasses.asdict(cfg.sft).items() if k != "output_dir"},
                        "system": cfg.agent.system_prompt, "base": base.name, "dtype": cfg.actor.dtype,
                        "seed": cfg.seed},
@@ -343,6 +357,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     one forward pass), so checking often costs little; an env whose rows lack a reference
     completion is checked by greedy decoding on the first 200 eval rows instead.
 
+    The env plays with ``eval.env_kwargs`` over ``env.kwargs``, as evals do (a run trained on a
+    judge's reward and measured by exact answers shares the warm start of the run trained on them).
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
     the training rows and the SFT config. The finished model dir appears atomically, with ``sft_report.json``.
     """
@@ -353,7 +369,8 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     from trainers.tiny_model import cache_dir, ensure_tiny_model
 
     stop_at = (cfg.sft.warm_start_target or None) if warm_start else None
-    cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()))  # the base is trained whole
+    cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()),  # the base is trained whole
+                              env=dataclasses.replace(cfg.env, kwargs={**cfg.env.kwargs, **cfg.eval.env_kwargs}))
     if warm_start:
         cfg = dataclasses.replace(cfg, sft=dataclasses.replace(
             cfg.sft, steps=cfg.sft.warm_start_steps, lr=cfg.sft.warm_start_lr,

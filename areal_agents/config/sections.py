@@ -419,8 +419,9 @@ class EvalConfig(Section):
     n: int | None = f(None, "Test rows to evaluate; None = all of data.test_size.")
     k: int = f(1, "pass@k samples per row (k > 1 samples at temperature eval.temperature).", ge(1))
     temperature: float = f(1.0, "Sampling temperature for pass@k (greedy pass@1 is always reported).")
-    env_kwargs: dict[str, Any] = f({}, "env.kwargs the evals play with instead (over env.kwargs): e.g. "
-                                       "{reward: math} measures by exact answers a run trained on a judge's reward.")
+    env_kwargs: dict[str, Any] = f({}, "env.kwargs the evals (and the warm start and its check) play with instead, "
+                                       "over env.kwargs: e.g. {reward: math} measures by exact answers a run trained "
+                                       "on a judge's reward.")
 
 
 @dataclass
