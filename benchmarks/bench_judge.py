@@ -1,6 +1,7 @@
 """What a judge costs: ``areal-agents run --env math`` with its Python reward against the same run
-with the tiny judge's reward (``math-judge``, one judge call an episode) and the group judge's
-(``rollout.group_reward=math-group-judge``, one call a group), side by side.
+with the tiny judge's reward (``math-judge``, one judge call an episode), side by side; with
+``--group-judge DIR``, also with that group judge's (``rollout.group_reward=math-group-judge``,
+one call a group).
 
 All runs start from the same math warm start and train the same steps with the same settings;
 the judged runs serve their judge model beside the policy (``judge.model_path``) on the same
@@ -10,10 +11,10 @@ calls per second (``perf/judge_calls_per_s``), the reward the run trained on (``
 and the exact-match greedy accuracy before and after (``eval.env_kwargs.reward=math``); the
 ratio of each judged run's step time to the Python reward's.
 
-    python benchmarks/bench_judge.py --judge DIR [--group-judge DIR] [--steps 40] [--repeats 2]
+    python benchmarks/bench_judge.py [--judge DIR] [--group-judge DIR] [--steps 40] [--repeats 2]
 
-Without ``--judge`` the judges are made first (``areal-agents sft --env math-grading``, and with
-``data.kwargs.candidates=8`` for the group judge), into the cache. Writes ``benchmarks/results/judge.json``.
+Without ``--judge`` the judge is made first (``areal-agents sft --env math-grading``), into the
+cache. Writes ``benchmarks/results/judge.json``.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def spread(values: list[float]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--judge", type=Path, help="the math-judge model (default: made into the cache)")
-    ap.add_argument("--group-judge", type=Path, help="the math-group-judge model (default: made into the cache)")
+    ap.add_argument("--group-judge", type=Path, help="a math-group-judge model: its runs too")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
@@ -90,21 +91,22 @@ def main() -> None:
     from trainers.tiny_model import cache_dir
 
     made = cache_dir() / "judges"
-    judges = {"judge": args.judge or made_model(made / "math-judge", "--env", "math-grading"),
-              "group-judge": args.group_judge or made_model(made / "math-group-judge", "--env", "math-grading",
-                                                            "data.kwargs.candidates=8")}
+    judges = {"judge": args.judge or made_model(made / "math-judge", "--env", "math-grading")}
+    kinds = ["python", "judge"] + (["group-judge"] if args.group_judge else [])
+    if args.group_judge:
+        judges["group-judge"] = args.group_judge
     policy = warm_policy()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for kind in ("python", "judge", "group-judge"):
+            for kind in kinds:
                 runs.append(one_run(kind, policy, judges, args.steps, Path(tmp) / f"{kind}-{repeat}"))
                 print(json.dumps(runs[-1]), flush=True)
     summary: dict[str, Any] = {}
-    for kind in ("python", "judge", "group-judge"):
+    for kind in kinds:
         mine = [r for r in runs if r["kind"] == kind]
         summary[kind] = {key: spread([r[key] for r in mine]) for key in mine[0] if key != "kind"}
-    for kind in ("judge", "group-judge"):
+    for kind in kinds[1:]:
         summary[kind]["step_s_ratio_to_python"] = summary[kind]["step_s"]["mean"] / summary["python"]["step_s"]["mean"]
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": args.steps,
               "repeats": args.repeats, "load_before": load, "judges": {k: str(v) for k, v in judges.items()},

@@ -122,8 +122,8 @@ COMMANDS: dict[str, dict[str, str]] = {
             "tests/rewards/test_rewards_judge_run.py::test_a_run_trains_on_the_rewards_of_the_judge_it_serves",
         "areal-agents run --env my-env imports=[my_env.py,my_group_judges.py] rollout.group_reward=best-first "
         "judge.model_path=/models/judge":
-            "not run: a template (my-env, /models/judge); a group judge trains: "
-            "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_group_judge_alone_raises_exact_match_accuracy",
+            "not run: a template (my-env, /models/judge); group rewards in a run's executor: "
+            "tests/rollout/test_rollout_group_reward.py::test_the_executor_hands_out_groups_with_their_group_scores",
         "areal-agents sft --env math-grading sft.output_dir=judges/math": _TINY_JUDGE,
         "areal-agents eval --env math-grading --model judges/math": _TINY_JUDGE,
         "areal-agents run --env math env.kwargs.reward=math-judge judge.model_path=judges/math "

@@ -1,9 +1,8 @@
 """A tiny judge alone drives learning: the judge is made here (``areal-agents sft --env
 math-grading``), its grading accuracy measured on held-out pairs (``areal-agents eval --env
-math-grading``), then the policy trains on ``math`` with **only** the judge's reward, one judge call
-an episode (``math-judge``) or one a group (``rollout.group_reward=math-group-judge``), while
-its evals keep scoring exact answers (``eval.env_kwargs.reward=math``), the truth the judge never
-sees. Each run must raise that exact-match greedy accuracy by 15 points or more."""
+math-grading``), then the policy trains on ``math`` with **only** the judge's reward (``math-judge``,
+one judge call an episode), while its evals keep scoring exact answers (``eval.env_kwargs.reward=math``),
+the truth the judge never sees: 100 steps must raise that exact-match greedy accuracy by 15 points."""
 
 from __future__ import annotations
 
@@ -67,17 +66,3 @@ def test_a_tiny_judge_alone_raises_exact_match_accuracy(tmp_path: Path, warm_cac
     assert after - before >= 0.15, (before, after)
     assert all("perf/judge_calls_per_s" in r and r["time/reward_s"] > 0 for r in rows if "train/loss" in r)
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(3000)
-def test_a_tiny_group_judge_alone_raises_exact_match_accuracy(tmp_path: Path, warm_caches: Any) -> None:
-    """One judge call a group (``math-group-judge``: which of the 8 answers are right); the judge's
-    grading accuracy counts a group right only when all 8 verdicts are."""
-    judge, accuracy = make_judge(tmp_path / "cache", tmp_path / "group-judge", "data.kwargs.candidates=8")
-    assert accuracy >= 0.8, f"the judge grades {accuracy:.3f} of the held-out groups right"
-    policy = next((warm_caches.get("math") / "warm").glob("math-*"))
-    rows = train(tmp_path / "cache", tmp_path / "runs", policy, judge, "rollout.group_reward=math-group-judge",
-                 *SETTINGS)
-    before, after = report("math-group-judge", accuracy, rows)
-    assert after - before >= 0.15, (before, after)
-    assert all(r["perf/judge_calls_per_s"] > 0 for r in rows if "train/loss" in r)
