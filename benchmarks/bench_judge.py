@@ -58,9 +58,8 @@ def warm_policy() -> Path:
 
 
 def one_run(kind: str, policy: Path, judges: dict[str, Path], steps: int, out: Path) -> dict[str, Any]:
-    extra = {"python": [],
-             "judge": ["env.kwargs.reward=math-judge", f"judge.model_path={judges['judge']}"],
-             "group-judge": ["rollout.group_reward=math-group-judge", f"judge.model_path={judges['group-judge']}"]}[kind]
+    extra = [] if kind == "python" else [f"judge.model_path={judges[kind]}", "env.kwargs.reward=math-judge"
+                                         if kind == "judge" else "rollout.group_reward=math-group-judge"]
     t0 = time.monotonic()
     cli("run", "--env", "math", f"actor.path={policy}", f"trainer.total_steps={steps}", "trainer.save_every=0",
         "eval.every=0", "eval.env_kwargs.reward=math", f"output_dir={out}", *extra)
