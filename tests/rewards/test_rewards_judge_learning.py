@@ -56,7 +56,7 @@ def report(name: str, judge_accuracy: float, rows: list[dict[str, Any]]) -> tupl
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(3600)  # the judge's SFT (2,500 steps) and 100 RL steps, beside the rest of the suite
 def test_a_tiny_judge_alone_raises_exact_match_accuracy(tmp_path: Path, warm_caches: Any) -> None:
     judge, accuracy = make_judge(tmp_path / "cache", tmp_path / "judge")
     assert accuracy >= 0.9, f"the judge grades {accuracy:.3f} of the held-out pairs right"
