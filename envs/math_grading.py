@@ -5,7 +5,7 @@ the way :func:`grading_reply` writes it: the sum worked out first, then the verd
 (``"82. Verdict: yes"``). :data:`MATH_JUDGE` (the reward ``math-judge``) asks that question of the
 run's judge model and reads the verdict after ``Verdict:``; :data:`MATH_GROUP_JUDGE` (the group
 reward ``math-group-judge``, for ``rollout.group_reward``) asks about a whole group at once
-(:data:`GROUP_RUBRIC`) and reads which answers it picks as right after ``Right:``.
+(:data:`GROUP_RUBRIC`) and reads its yes or no to each answer after ``Right:``.
 
 Making the judge is making a tiny model: ``areal-agents sft --env math-grading`` trains one on
 :func:`math_grading_dataset` (its recipe says how long), and ``areal-agents eval --env math-grading
@@ -34,10 +34,11 @@ GROUP_RUBRIC = "Check: {prompt}{completions}"
 """The question a group judge for ``math`` is asked: the row's prompt, then the group's answers
 labelled (``"Check: 37+45= a) 82 b) 81 c) 82"``)."""
 
-MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="picks", after="Right:", item=" {label}) {completion}",
-                              separator="", max_tokens=24)
-"""The group reward ``math-group-judge``: one call for a group's answers, 1.0 for each one the judge
-picks as right (``"82. Right: a c"``), 0 for the rest."""
+MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="verdicts", after="Right:", item=" {label}) {completion}",
+                              separator="", max_tokens=40)
+"""The group reward ``math-group-judge``: one call for a group's answers, the judge's yes (1.0) or no
+(0.0) to each (``"82. Right: a yes b no c yes"``): label by label, each answer is looked up as the
+verdict is written."""
 
 
 def grading_reply(answer: str, candidate: str) -> str:
@@ -82,7 +83,7 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
     Rows: ``{"prompt": "Check: 37+45=82", "answer": "82. Verdict: yes", "verdict": "yes",
     "question": "37+45=", "candidate": "82"}``. With ``candidates`` > 1, a group to grade at once,
     as :data:`MATH_GROUP_JUDGE` asks: ``{"prompt": "Check: 37+45= a) 82 b) 81", "answer":
-    "82. Right: a", "verdict": "a", "candidates": ["82", "81"], ...}``."""
+    "82. Right: a yes b no", "verdict": "a yes b no", "candidates": ["82", "81"], ...}``."""
     if not 0.0 <= right_fraction <= 1.0:
         raise ValueError(f"math_grading_dataset: right_fraction must be in [0, 1] (got {right_fraction})")
     if not 1 <= candidates <= 26:
@@ -97,9 +98,9 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
             rows.append({"prompt": RUBRIC.format(prompt=row["prompt"], completion=graded[0]), "answer": reply,
                          "verdict": reply.rsplit(" ", 1)[1], "question": row["prompt"], "candidate": graded[0]})
             continue
-        picks = " ".join(chr(ord("a") + i) for i, c in enumerate(graded) if c == answer) or "none"
+        verdicts = " ".join(f"{chr(ord('a') + i)} {'yes' if c == answer else 'no'}" for i, c in enumerate(graded))
         rows.append({"prompt": MATH_GROUP_JUDGE.messages(graded, {"prompt": row["prompt"]})[-1]["content"],
-                     "answer": f"{answer}. Right: {picks}", "verdict": picks, "question": row["prompt"],
+                     "answer": f"{answer}. Right: {verdicts}", "verdict": verdicts, "question": row["prompt"],
                      "candidates": graded})
     return rows
 
@@ -113,7 +114,7 @@ def verdict_reward(completion: str, verdict: str | None = None, **row: Any) -> f
     try:
         if isinstance(graded, list):  # a group: the picks must be exactly the right answers
             return 1.0 if MATH_GROUP_JUDGE.scores(completion, len(graded)) == \
-                parse_group_scores(verdict, "picks", len(graded)) else 0.0
+                parse_group_scores(verdict, "verdicts", len(graded)) else 0.0
         said = MATH_JUDGE.score(completion)
     except JudgeError:
         return 0.0

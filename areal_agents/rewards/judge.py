@@ -255,6 +255,7 @@ class GroupJudge(Judge):
     * ``"ranking"`` — labels best first (``b > a > c``): the i-th of n listed scores (n - i) / n, an
       unlisted reply 0;
     * ``"picks"`` — the labels of the acceptable replies (``a d``; ``none``): 1.0 each, the rest 0;
+    * ``"verdicts"`` — a yes or no after each label, every label once (``a yes b no c: yes``);
     * ``"scores:LO-HI"`` — one number per reply, in order, each in the range, mapped to [0, 1];
     * ``"json:KEY"`` — under ``KEY``, a list of one number per reply, or an object of label: number.
     """
@@ -290,10 +291,10 @@ class GroupJudge(Judge):
 
 def check_group_scale(scale: str) -> str:
     """``scale`` if :func:`parse_group_scores` knows it (``ValueError`` naming the forms otherwise)."""
-    if scale in ("ranking", "picks") or scale.startswith("json:") and len(scale) > 5 or \
+    if scale in ("ranking", "picks", "verdicts") or scale.startswith("json:") and len(scale) > 5 or \
             scale.startswith("scores:") and _RANGE.match(scale[len("scores:"):]):
         return scale
-    raise ValueError(f"unknown group judge scale {scale!r}: ranking, picks, scores:LO-HI or json:KEY")
+    raise ValueError(f"unknown group judge scale {scale!r}: ranking, picks, verdicts, scores:LO-HI or json:KEY")
 
 
 def _labels(text: str, n: int, reply: str) -> list[int]:
@@ -315,6 +316,13 @@ def parse_group_scores(reply: str, scale: str, n: int) -> list[float]:
     """The ``n`` scores ``scale`` reads in ``reply`` (see :class:`GroupJudge`); :class:`JudgeError` naming
     the reply when it cannot."""
     check_group_scale(scale)
+    if scale == "verdicts":
+        said = re.findall(r"\b([a-z])\)?\s*:?\s*(yes|no)\b", reply, flags=re.IGNORECASE)
+        labels = [label for label, _ in said]
+        if sorted(labels) != list(_LABELS[:n]):
+            raise JudgeError(f"the judge's reply {_shown(reply)} does not give one yes or no to each of "
+                             f"{', '.join(_LABELS[:n])}")
+        return [1.0 if dict(said)[label].lower() == "yes" else 0.0 for label in _LABELS[:n]]
     if scale in ("ranking", "picks"):
         order = _labels(reply, n, reply)
         out = [0.0] * n

@@ -54,3 +54,16 @@ def test_wrong_answers_are_never_right_and_of_every_kind() -> None:
 ])
 def test_the_verdict_alone_is_scored(reply: str, verdict: str, score: float) -> None:
     assert verdict_reward(reply, verdict=verdict) == score
+
+
+def test_group_rows_teach_a_verdict_for_each_answer_as_the_group_judge_asks() -> None:
+    from envs.math_grading import MATH_GROUP_JUDGE
+
+    sums = {r["prompt"]: r["answer"] for r in arithmetic_dataset("test")}
+    for row in math_grading_dataset("test", size=200, seed=1, candidates=8):
+        truth = sums[row["question"]]
+        assert row["prompt"] == MATH_GROUP_JUDGE.messages(row["candidates"], {"prompt": row["question"]})[-1]["content"]
+        assert MATH_GROUP_JUDGE.scores(row["answer"], 8) == [float(c == truth) for c in row["candidates"]]
+        assert verdict_reward(row["answer"], **{k: v for k, v in row.items() if k != "answer"}) == 1.0
+        wrong = row["answer"].replace(" yes", " y_s").replace(" no", " yes").replace(" y_s", " no")
+        assert verdict_reward(wrong, **{k: v for k, v in row.items() if k != "answer"}) == 0.0

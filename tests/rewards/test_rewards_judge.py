@@ -69,6 +69,7 @@ def test_a_reply_without_a_readable_verdict_is_named(reply: str) -> None:
 @pytest.mark.parametrize(("reply", "scale", "scores"), [
     ("b > a > c", "ranking", [2 / 3, 1.0, 1 / 3]), ("c, a", "ranking", [2 / 3, 0.0, 1.0]),
     ("a c", "picks", [1.0, 0.0, 1.0]), ("none", "picks", [0.0, 0.0, 0.0]), ("I pick: b", "picks", [0.0, 1.0, 0.0]),
+    ("a yes b no c: yes", "verdicts", [1.0, 0.0, 1.0]), ("b) NO a) yes c no", "verdicts", [1.0, 0.0, 0.0]),
     ("7, 10 and 0", "scores:0-10", [0.7, 1.0, 0.0]), ('{"s": [1, 0.5, 0]}', "json:s", [1.0, 0.5, 0.0]),
     ('{"s": {"a": 0, "b": 1, "c": 0.25}}', "json:s", [0.0, 1.0, 0.25]),
 ])
@@ -78,7 +79,7 @@ def test_group_scales_read_one_score_per_reply(reply: str, scale: str, scores: l
 
 @pytest.mark.parametrize(("reply", "scale"), [
     ("d > a", "ranking"), ("a > a > b", "ranking"), ("all good", "picks"), ("7 and 3", "scores:0-10"),
-    ("7, 3, 11", "scores:0-10"), ('{"s": [1, 0]}', "json:s"),
+    ("7, 3, 11", "scores:0-10"), ('{"s": [1, 0]}', "json:s"), ("a yes b no", "verdicts"), ("a yes b no c no a no", "verdicts"),
 ])
 def test_a_group_reply_that_cannot_be_read_is_named(reply: str, scale: str) -> None:
     with pytest.raises(JudgeError) as err:
