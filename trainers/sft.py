@@ -335,7 +335,9 @@ def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]
     config, so eval and test-split settings do not rebuild it), env, SFT settings, base model, the
     precision it is trained in (``actor.dtype``), seed."""
     rows = hashlib.sha256(json.dumps(train_rows, sort_keys=True, default=str).encode()).hexdigest()
-    defaults = _defaults(cfg.env.name)  # an argument given its default value is no other env
+    # an argument at its default is no other env: a judge-trained run measured by exact answers
+    # (eval.env_kwargs) shares the warm start of the run trained on them
+    defaults = _defaults(cfg.env.name)
     env_kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in defaults or defaults[k] != v}
     blob = json.dumps({"v": _WARM_VERSION, "env": cfg.env.name, "env_kwargs": env_kwargs, "rows": rows,
                        "sft": {k: v for k, v in dataclasses.asdict(cfg.sft).items() if k != "output_dir"},
@@ -357,8 +359,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     one forward pass), so checking often costs little; an env whose rows lack a reference
     completion is checked by greedy decoding on the first 200 eval rows instead.
 
-    The env plays with ``eval.env_kwargs`` over ``env.kwargs``, as evals do (a run trained on a
-    judge's reward and measured by exact answers shares the warm start of the run trained on them).
+    The env plays with ``eval.env_kwargs`` over ``env.kwargs``, as evals do (see :func:`_warm_key`).
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
     the training rows and the SFT config. The finished model dir appears atomically, with ``sft_report.json``.
     """
