@@ -156,10 +156,14 @@ class Judge:
     after: str = ""
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        self.check_scale()
         if not self.base_url.startswith(("http://", "https://", "$")):
-            raise ValueError(f"Judge.base_url must be an http(s) URL ending in /v1, or $VARIABLE holding one "
-                             f"(got {self.base_url!r})")
+            raise ValueError(f"{type(self).__name__}.base_url must be an http(s) URL ending in /v1, or $VARIABLE "
+                             f"holding one (got {self.base_url!r})")
+
+    def check_scale(self) -> None:
+        """``ValueError`` naming the forms when :func:`parse_score` does not know ``scale``."""
+        check_scale(self.scale)
 
     def endpoint(self) -> str:
         """The base URL asked: ``base_url``, or the value of the variable it names (``$NAME``)."""
@@ -265,11 +269,9 @@ class GroupJudge(Judge):
     separator: str = "\n"
     group = True
 
-    def __post_init__(self) -> None:
+    def check_scale(self) -> None:
+        """``ValueError`` naming the forms when :func:`parse_group_scores` does not know ``scale``."""
         check_group_scale(self.scale)
-        if not self.base_url.startswith(("http://", "https://", "$")):
-            raise ValueError(f"GroupJudge.base_url must be an http(s) URL ending in /v1, or $VARIABLE holding one "
-                             f"(got {self.base_url!r})")
 
     def messages(self, completion: Any, row: dict[str, Any]) -> list[dict[str, str]]:
         """The chat messages the judge is asked for the group's replies ``completion`` (a list)."""

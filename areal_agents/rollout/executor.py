@@ -16,8 +16,7 @@ failed episode's whole group, ``zero`` keeps it with reward 0 (:func:`~areal_age
 ``dropped`` — ``ok`` episodes discarded with their group: by the group filter (``nonzero_std``; after
 ``4 × batch_size`` groups in a row fail it, groups are kept until one passes again, so that training goes on), for
 staleness, or for a failed sibling under ``drop`` (``rollout/dropped_groups/<reason>``); ``in_flight`` — queued,
-running, finished but waiting for the rest of their group, or being scored by a group reward
-(``group_scorer``, :mod:`areal_agents.rollout.group_scoring`).
+running, finished but waiting for the rest of their group, or being scored (:mod:`~areal_agents.rollout.group_scoring`).
 """
 
 from __future__ import annotations
@@ -79,8 +78,7 @@ class RolloutExecutor:
         self._filter = group_filter if group_filter is not None else GROUP_FILTERS[cfg.group_filter]
         self._filtered_in_a_row = 0  # groups the filter dropped since one passed it
         self._on_shutdown, self._group_scorer = list(on_shutdown), group_scorer
-        self._max_failed_streak = max_failed_streak
-        self._G = cfg.group_size
+        self._max_failed_streak, self._G = max_failed_streak, cfg.group_size
         self._cond = threading.Condition(threading.RLock())  # reentrant: state_dict() from a signal handler
         self._thread: LoopThread | None = None
         self._state = "new"  # new -> running -> closing -> closed
@@ -264,9 +262,8 @@ class RolloutExecutor:
                     "in_flight": in_flight, "running": self._running, "ready_groups": len(self._ready)}
 
     def stats(self) -> dict[str, float]:
-        """Metrics of the last batch plus cumulative counters, with fixed names: ``rollout/*``, ``staleness/*``
-        (``version − start_version`` at consumption), ``perf/*`` and ``time/reward_s`` (every episode finished
-        since the previous batch); what each means: docs/metrics.md."""
+        """Metrics of the last batch plus cumulative counters, with fixed names (``perf/*`` and ``time/reward_s``:
+        every episode finished since the previous batch); what each means: docs/metrics.md."""
         with self._cond:
             counts = {f"rollout/{k}": float(v) for k, v in self.counts().items() if k != "ready_groups"}
             return {**self._last_batch, **counts, **self._ledger.metrics(), "rollout/version": float(self._version),
@@ -406,14 +403,17 @@ class RolloutExecutor:
         scoring.add_done_callback(functools.partial(self._scored, g))
 
     def _scored(self, g: Group, scoring: asyncio.Future[tuple[float, int]]) -> None:
-        with self._cond:
-            g.tasks.discard(scoring)  # type: ignore[arg-type]
-            error = "cancelled" if scoring.cancelled() else scoring.exception()
-            for t in g.members() if error else ():  # cancelled (stale, shutdown), or the scorer raised
-                t.status, t.info["error"] = "aborted" if scoring.cancelled() else "reward_error", f"group reward: {error!r}"
-            seconds, calls = (0.0, 0) if error else scoring.result()
-            self._done.update(reward_us=round(1e6 * seconds), judge_calls=calls)
-            self._resolve_locked(g)
+        try:  # as in _on_done: a failure here (e.g. a user group filter raising) fails the run, never lost
+            with self._cond:
+                g.tasks.discard(scoring)  # type: ignore[arg-type]
+                error = "cancelled" if scoring.cancelled() else scoring.exception()
+                for t in g.members() if error else ():  # cancelled (stale, shutdown), or the scorer raised
+                    t.status, t.info["error"] = "aborted" if scoring.cancelled() else "reward_error", f"group reward: {error!r}"
+                seconds, calls = (0.0, 0) if error else scoring.result()
+                self._done.update(reward_us=round(1e6 * seconds), judge_calls=calls)
+                self._resolve_locked(g)
+        except Exception as exc:
+            return self._fail(exc)
         self._launch()
 
     def _resolve_locked(self, g: Group) -> None:

@@ -128,3 +128,19 @@ def test_group_scores_drive_the_group_filter(runner: RewardRunner) -> None:
                          group_scorer=group_scorer(runner, "test-longest-first")) as ex:
         seen.append([t.reward for t in ex.prepare_batch(timeout=60)[0]])
     assert sorted(seen[0]) == [0.25, 0.5, 0.75, 1.0]
+
+
+def test_a_group_filter_raising_after_the_group_reward_fails_the_run(runner: RewardRunner) -> None:
+    """A failure when a scored group is resolved reaches the trainer, as one in an episode's end does."""
+
+    async def play(row: dict[str, Any], seed: int, episode_id: str) -> Trajectory:
+        return episode("z" * (seed % 3 + 1))
+
+    def broken(group: list[Trajectory]) -> bool:
+        raise RuntimeError("filter bug")
+
+    cfg = RolloutConfig(batch_size=1, group_size=2, max_concurrent_rollouts=2)
+    with RolloutExecutor(cfg, episode_fn=play, rows=[{"prompt": "p"}], group_filter=broken,
+                         group_scorer=group_scorer(runner, "test-longest-first")) as ex:
+        with pytest.raises(RuntimeError, match="filter bug"):
+            ex.prepare_batch(timeout=60)
