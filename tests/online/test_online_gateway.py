@@ -298,6 +298,12 @@ def test_256_concurrent_sessions_hold_and_balance(gateway: OnlineRollout) -> Non
     trained = 0
     while (batch := gateway.book.take_batch()) is not None:
         trained += sum(map(len, batch))
+    # whole groups of 4 or 3 fill batches of 4 sessions in the order they became ready, so a last
+    # group of 3 may be left waiting for more: it is held, not lost, and a smaller batch takes it
+    left = gateway.book.ready()
+    assert left == 240 - trained and left < gateway.book.batch_sessions
+    if left:
+        trained += sum(map(len, gateway.book.take_batch(left) or []))
     assert trained == 240 and balanced(gateway)["trained"] == 240
 
 
