@@ -19,10 +19,11 @@ import random
 from typing import Any
 
 from areal_agents.data import arithmetic_dataset
-from areal_agents.rewards import GroupJudge, Judge, JudgeError, parse_group_scores
+from areal_agents.rewards import GroupJudge, Judge, JudgeError, RewardModel, parse_group_scores
 from envs.math import MathEnv
 
-__all__ = ["GROUP_RUBRIC", "MATH_GROUP_JUDGE", "MATH_JUDGE", "RUBRIC", "MathGradingEnv", "grading_reply", "math_grading_dataset", "verdict_reward", "wrong_answer"]
+__all__ = ["GROUP_RUBRIC", "MATH_GROUP_JUDGE", "MATH_JUDGE", "MATH_REWARD_MODEL", "RUBRIC", "MathGradingEnv", "grading_reply", "math_grading_dataset",
+           "math_preference_dataset", "verdict_reward", "wrong_answer"]
 
 RUBRIC = "Check: {prompt}{completion}"
 """The question a ``math`` judge is asked: the row's prompt (``"37+45="``) and the completion graded."""
@@ -39,6 +40,11 @@ MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="verdicts", after="Right:", it
 """The group reward ``math-group-judge``: one call for a group's answers, the judge's yes (1.0) or no
 (0.0) to each (``"82. Right: a yes b no c yes"``): label by label, each answer is looked up as the
 verdict is written."""
+
+
+MATH_REWARD_MODEL = RewardModel(scale="sigmoid")
+"""The reward ``math-reward-model``: the run's reward model (``judge.model_path``, e.g. one trained by
+``areal-agents rm --env math data.name=math-preference``) scores the sum and the reply, in (0, 1)."""
 
 
 def grading_reply(answer: str, candidate: str) -> str:
@@ -98,11 +104,22 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
             rows.append({"prompt": RUBRIC.format(prompt=row["prompt"], completion=graded[0]), "answer": reply,
                          "verdict": reply.rsplit(" ", 1)[1], "question": row["prompt"], "candidate": graded[0]})
             continue
-        verdicts = " ".join(f"{chr(ord('a') + i)} {'yes' if c == answer else 'no'}" for i, c in enumerate(graded))
+        verdicts = " ".join(f"{chr(ord('a') + i)} {c} {'yes' if c == answer else 'no'}" for i, c in enumerate(graded))
         rows.append({"prompt": MATH_GROUP_JUDGE.messages(graded, {"prompt": row["prompt"]})[-1]["content"],
                      "answer": f"{answer}. Right: {verdicts}", "verdict": verdicts, "question": row["prompt"],
                      "candidates": graded})
     return rows
+
+
+def math_preference_dataset(split: str = "train", *, size: int | None = None, seed: int = 0,
+                            **arithmetic: Any) -> list[dict[str, Any]]:
+    """Preference pairs over the ``arithmetic`` sums of ``split`` (its keywords pass through), for
+    a reward model of ``math`` (``areal-agents rm --env math data.name=math-preference``): the
+    right answer is chosen over a :func:`wrong_answer` (near misses most often).
+    Rows: ``{"prompt": "37+45=", "chosen": "82", "rejected": "81", "answer": "82"}``."""
+    rng = random.Random(f"math-preference:{split}:{seed}")
+    return [{"prompt": row["prompt"], "chosen": row["answer"], "rejected": wrong_answer(row["answer"], rng),
+             "answer": row["answer"]} for row in arithmetic_dataset(split, size=size, seed=seed, **arithmetic)]
 
 
 def verdict_reward(completion: str, verdict: str | None = None, **row: Any) -> float:

@@ -25,7 +25,7 @@ from areal_agents.config.loader import config_fields, explain_config, load_confi
 from areal_agents.registry import KINDS, get_registry
 from areal_agents.rewards import default_reward_workers
 
-__all__ = ["check_model_dir", "cmd_config", "cmd_eval", "cmd_list", "cmd_plot", "cmd_run", "cmd_serve", "cmd_sft",
+__all__ = ["check_model_dir", "cmd_config", "cmd_eval", "cmd_list", "cmd_plot", "cmd_rm", "cmd_run", "cmd_serve", "cmd_sft",
            "cmd_view", "config_overrides", "load_args_config"]
 
 
@@ -92,6 +92,22 @@ def cmd_sft(args: argparse.Namespace) -> int:
         " (in the model cache, $AREAL_AGENTS_CACHE; sft.output_dir=DIR writes elsewhere; train it with RL: "
         "areal-agents run actor.path=<this dir>)")
     console.print(f"[bold green]model written to:[/] {path}{where}", soft_wrap=True)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``areal-agents rm --env NAME [key=value ...]``: train a reward model (Bradley-Terry) on the
+    preference rows of the env's dataset (``data.name``; rows with ``prompt``, ``chosen``, ``rejected``)."""
+    cfg = _experiment(args)
+    from rich.console import Console
+
+    from trainers.reward_model import run_rm
+
+    path = run_rm(cfg)
+    console = Console()
+    console.print(json.loads((path / "rm_report.json").read_text()))
+    console.print(f"[bold green]reward model written to:[/] {path} (serve it for rewards: judge.model_path=<this dir>)",
+                  soft_wrap=True)
     return 0
 
 

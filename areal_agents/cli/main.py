@@ -17,6 +17,7 @@ from areal_agents.cli.commands import (
     cmd_eval,
     cmd_list,
     cmd_plot,
+    cmd_rm,
     cmd_run,
     cmd_serve,
     cmd_sft,
@@ -35,10 +36,10 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 # arguments (after the program name), with which the ranks of a run re-enter it
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "sft": cmd_sft, "eval": cmd_eval, "serve": cmd_serve, "plot": cmd_plot, "list": cmd_list,
-    "config": cmd_config, "view": cmd_view,
+    "config": cmd_config, "view": cmd_view, "rm": cmd_rm,
 }
 
-_STOPPABLE = ("run", "sft", "eval")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.runtime.stopping)
+_STOPPABLE = ("run", "sft", "eval", "rm")  # Ctrl-C and SIGTERM end these in any phase (areal_agents.runtime.stopping)
 
 
 def _is_user_error(exc: BaseException) -> bool:
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(sub.add_parser("run", help="train an agent with async RL (mode=rollout|train for debug modes)",
                                     epilog="Config keys and defaults: `areal-agents config show`."))
     _add_config_args(sub.add_parser("sft", help="supervised fine-tuning on an env's dataset"))
+    _add_config_args(sub.add_parser("rm", help="train a reward model on an env's preference pairs (Bradley-Terry)"))
     p = sub.add_parser("eval", help="greedy and pass@k evaluation of a model on an env's test split")
     p.add_argument("--model", help="HF model dir (default: the tiny default model)")
     p.add_argument("--output", help="JSON report path")

@@ -21,6 +21,7 @@ from areal_agents.config.fields import (
     one_of,
     within,
 )
+from areal_agents.config.reward_sections import JudgeConfig, RewardModelConfig
 from areal_agents.config.sections import (
     ActorConfig,
     AgentConfig,
@@ -29,7 +30,6 @@ from areal_agents.config.sections import (
     EnvConfig,
     EvalConfig,
     InferenceConfig,
-    JudgeConfig,
     LoggingConfig,
     LoraConfig,
     OnlineConfig,
@@ -72,6 +72,7 @@ __all__ = [
     "LoraConfig",
     "OnlineConfig",
     "RayConfig",
+    "RewardModelConfig",
     "RolloutConfig",
     "Rule",
     "SFTConfig",

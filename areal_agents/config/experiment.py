@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from areal_agents.config.fields import Section, f, one_of
+from areal_agents.config.reward_sections import JudgeConfig, RewardModelConfig
 from areal_agents.config.sections import (
     ActorConfig,
     AgentConfig,
@@ -14,7 +15,6 @@ from areal_agents.config.sections import (
     EnvConfig,
     EvalConfig,
     InferenceConfig,
-    JudgeConfig,
     LoggingConfig,
     OnlineConfig,
     RayConfig,
@@ -61,6 +61,7 @@ class ExperimentConfig(Section):
     ray: RayConfig = field(default_factory=RayConfig)
     online: OnlineConfig = field(default_factory=OnlineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def __post_init__(self) -> None:
         if self.experiment_name is None:

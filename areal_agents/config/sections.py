@@ -34,7 +34,6 @@ __all__ = [
     "EvalConfig",
     "InferenceConfig",
     "LoggingConfig",
-    "JudgeConfig",
     "LoraConfig",
     "OnlineConfig",
     "RayConfig",
@@ -181,15 +180,6 @@ class RolloutConfig(Section):
             (self.skip_no_signal == 0 or self.group_filter != "none", "skip_no_signal",
              "needs a rollout.group_filter (it skips rows whose group the filter dropped)"),
         ]
-
-
-@dataclass
-class JudgeConfig(Section):
-    """A judge model the run serves for rewards read from a model's reply (docs/rewards.md, "Rewards from models")."""
-
-    model_path: str | None = f(None, "Model directory to serve for judges: a server of its own on inference.backend, "
-                                     "frozen (never sent the policy's weights); its OpenAI base URL is "
-                                     "$AREAL_AGENTS_JUDGE_URL, where a Judge reward asks by default.")
 
 
 @dataclass

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import UserError
+from areal_agents.inference.scoring import is_reward_model
 from areal_agents.inference.sglang_version import sglang_version_problem
 from areal_agents.runtime.cpus import usable_cpus
 from areal_agents.runtime.lifeline import die_with_parent
@@ -73,6 +74,8 @@ def sglang_command(cfg: ExperimentConfig, model_path: str | os.PathLike[str], po
     ]  # fmt: skip
     if server_index:
         cmd += ["--base-gpu-id", str(server_index * tp)]
+    if is_reward_model(model_path):  # served for /classify, as SGLang serves reward models
+        cmd.append("--is-embedding")
     return cmd + [str(a) for a in cfg.sglang.extra_args]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import json
 import signal
 import sys
 import time
@@ -21,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from areal_agents.inference import _lora_routes
 from areal_agents.inference._events import stream_each, stream_one
+from areal_agents.inference._http import error, error_middleware, read_json
 from areal_agents.inference._weights import WeightGroups, load_state_dict
 from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, parse_generate, require, response_body
 
@@ -54,36 +53,6 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[PreTrainedModel, 
     return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers' decorated ``to`` loses its self
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except BadRequest as exc:
-        return _error(400, str(exc))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return _error(exc.status, exc.reason)
-        raise
-    except Exception as exc:  # keep serving: one broken request must not take the server down
-        return _error(500, f"{type(exc).__name__}: {exc}")
-
-
-async def _json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    require(isinstance(body, dict), "the request body must be a JSON object")
-    return body
-
-
 async def _call(app: web.Application, fn: Callable[[], _T]) -> _T:
     return await asyncio.wrap_future(app[_ENGINE].call(fn))
 
@@ -93,8 +62,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 
     engine = request.app[_ENGINE]
     if not engine.alive:
-        return _error(503, f"decode loop is not running: {engine.error!r}")
-    body = await _json(request)
+        return error(503, f"decode loop is not running: {engine.error!r}")
+    body = await read_json(request)
     specs, as_list = parse_generate(body, engine.tokenizer, int(engine.model.config.vocab_size), engine.context_len)
     if not engine.paused:  # while paused (a sync swapping the adapter) requests wait; admission checks again
         _lora_routes.require_loaded(engine, specs)
@@ -131,7 +100,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     latency = time.monotonic() - start
     failed = [r.error for r in done if r.error]
     if failed:  # 5xx: the client retries, possibly on another server
-        return _error(500, f"generation failed: {failed[0]}")
+        return error(500, f"generation failed: {failed[0]}")
     bodies = [
         response_body(spec, r, len(r.output_ids), r.finish, engine.weight_version, latency, engine.tokenizer)
         for spec, r in zip(specs, done, strict=True)
@@ -178,7 +147,7 @@ async def _swap(app: web.Application, state: dict[str, Any], version: str | None
 
 async def _update_weights_from_disk(request: web.Request) -> web.Response:
     app, engine = request.app, request.app[_ENGINE]
-    body = await _json(request)
+    body = await read_json(request)
     path: Any = body.get("model_path")
     require(isinstance(path, str) and bool(path), "'model_path' (a string) is required")
     version, flags = _update_flags(body)
@@ -199,7 +168,7 @@ async def _in_group_thread(app: web.Application, fn: Callable[..., _T], *args: o
 
 
 async def _init_weights_update_group(request: web.Request) -> web.Response:
-    body = await _json(request)
+    body = await read_json(request)
     try:
         await _in_group_thread(request.app, request.app[_GROUPS].join, body)
     except BadRequest:
@@ -211,7 +180,7 @@ async def _init_weights_update_group(request: web.Request) -> web.Response:
 
 async def _update_weights_from_distributed(request: web.Request) -> web.Response:
     app = request.app
-    body = await _json(request)
+    body = await read_json(request)
     version, flags = _update_flags(body)
     lora = _lora_routes.broadcast_target(body)
     try:
@@ -227,7 +196,7 @@ async def _update_weights_from_distributed(request: web.Request) -> web.Response
 
 async def _pause(request: web.Request) -> web.Response:
     engine = request.app[_ENGINE]
-    mode = (await _json(request)).get("mode", "abort")
+    mode = (await read_json(request)).get("mode", "abort")
     require(mode in ("abort", "retract", "in_place"), "'mode' must be abort, retract or in_place")
 
     def pause() -> None:
@@ -243,14 +212,14 @@ async def _pause(request: web.Request) -> web.Response:
 
 async def _continue(request: web.Request) -> web.Response:
     engine = request.app[_ENGINE]
-    await _json(request)
+    await read_json(request)
     await _call(request.app, lambda: engine.set_paused(False))
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
 async def _abort_request(request: web.Request) -> web.Response:
     engine = request.app[_ENGINE]
-    body = await _json(request)
+    body = await read_json(request)
     rid, abort_all = body.get("rid"), body.get("abort_all", False)
     require(isinstance(abort_all, bool), "'abort_all' must be true or false")
     require(abort_all or isinstance(rid, str), "'rid' (a string) or 'abort_all': true is required")
@@ -322,7 +291,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 def create_app(engine: Engine, model_path: str, tokenizer_path: str | None = None) -> web.Application:
     """The aiohttp application serving ``engine`` (started and stopped with the app)."""
-    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024**2)
+    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024**2)
     app[_ENGINE] = engine
     app[_STATE] = {"model_path": model_path, "tokenizer_path": tokenizer_path or model_path,
                    "group_pool": concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-group")}
@@ -333,7 +302,7 @@ def create_app(engine: Engine, model_path: str, tokenizer_path: str | None = Non
                           ("/pause_generation", _pause), ("/continue_generation", _continue),
                           ("/abort_request", _abort_request), ("/flush_cache", _flush_cache)):  # fmt: skip
         app.router.add_post(path, handler)
-    _lora_routes.add_routes(app, _ENGINE, _call, _json)
+    _lora_routes.add_routes(app, _ENGINE, _call, read_json)
     for path, handler in (("/flush_cache", _flush_cache), ("/health", _health), ("/ready", _health),
                           ("/health_generate", _health_generate), ("/model_info", _model_info),
                           ("/get_model_info", _model_info), ("/server_info", _server_info),
@@ -374,9 +343,11 @@ async def serve(app: web.Application, host: str, port: int) -> None:
 
 
 def cli_serve(args: argparse.Namespace) -> int:
-    """Load ``args.model`` and serve it with the flags of :func:`~areal_agents.inference.launcher.add_serve_args`."""
+    """Load ``args.model`` and serve it with the flags of :func:`~areal_agents.inference.launcher.add_serve_args`
+    (a reward model, :func:`~areal_agents.inference.scoring.is_reward_model`, is served for scoring)."""
     from areal_agents.inference._engine import Engine
     from areal_agents.inference._lora import read_adapter
+    from areal_agents.inference.scoring import Scorer, create_scoring_app, is_reward_model, load_reward_model
 
     path = str(args.model)
     if not (Path(path) / "config.json").is_file():
@@ -386,6 +357,9 @@ def cli_serve(args: argparse.Namespace) -> int:
         from areal_agents.runtime.lifeline import watch_parent
 
         watch_parent(args.parent_pid)
+    if is_reward_model(path):  # a sequence-classification model: its scores at /classify
+        reward_model, reward_tokenizer = load_reward_model(path, args.device)
+        return _run(create_scoring_app(Scorer(reward_model, reward_tokenizer, args.max_batch_size), path), args)
     model, tokenizer = load_model(path, args.device)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
     for name, adapter_dir in dict(getattr(args, "lora_paths", None) or ()).items():  # the last NAME=DIR wins
@@ -394,7 +368,10 @@ def cli_serve(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as exc:
             print(f"error: --lora-paths {name}={adapter_dir}: {exc}", file=sys.stderr)
             return 2
-    app = create_app(engine, path)
+    return _run(create_app(engine, path), args)
+
+
+def _run(app: web.Application, args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(app, args.host, args.port))
     except OSError as exc:

@@ -5,6 +5,7 @@ A reward is ``fn(completion: str, **row) -> float`` registered with ``@register_
 * :mod:`.builtin` — ``math``, ``exact-match``, ``format`` and :func:`fast_path`;
 * :mod:`.judge` — :class:`Judge`: a reward read from a judge model's reply (an OpenAI-compatible endpoint), and
   :class:`GroupJudge`: one call that scores a whole group (a :func:`group_reward`);
+* :mod:`.reward_model` — :class:`RewardModel`: a reward model's score (a sequence-classification model at ``/classify``);
 * :mod:`.runner` — :class:`RewardRunner`: worker processes, a timeout per call, failures counted, never a stuck run;
 * :mod:`.worker` — one worker process, tied to the life of the process that started it.
 """
@@ -23,6 +24,7 @@ from areal_agents.rewards.builtin import (
     resolve_reward,
 )
 from areal_agents.rewards.judge import GroupJudge, Judge, JudgeError, parse_group_scores, parse_score
+from areal_agents.rewards.reward_model import RewardModel
 from areal_agents.rewards.runner import (
     RewardResult,
     RewardRunner,
@@ -38,6 +40,7 @@ __all__ = [
     "Judge",
     "JudgeError",
     "RewardFn",
+    "RewardModel",
     "RewardResult",
     "RewardRunner",
     "check_not_in_worker",

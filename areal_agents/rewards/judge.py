@@ -25,6 +25,7 @@ key in the environment variable ``api_key_env``), or ``areal-agents serve --mode
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["NOT_SERVED_YET", "GroupJudge", "Judge", "JudgeError", "check_group_scale", "check_scale",
+__all__ = ["NOT_SERVED_YET", "GroupJudge", "Judge", "JudgeError", "RenderRow", "check_group_scale", "check_scale",
            "parse_group_scores", "parse_score"]
 
 _T = TypeVar("_T")
@@ -118,8 +119,8 @@ def check_scale(scale: str) -> str:
     raise ValueError(f"unknown judge scale {scale!r}: yes/no, LO-HI (e.g. 0-10), choice:A=1,B=0 or json:KEY")
 
 
-class _Format(dict):  # type: ignore[type-arg]
-    """Row fields for the rubric; a field the row lacks is named in the error."""
+class RenderRow(dict):  # type: ignore[type-arg]
+    """Row fields for a rubric (``rubric.format_map(RenderRow(row))``); a field the row lacks is named in the error."""
 
     def __missing__(self, key: str) -> Any:
         raise JudgeError(f"the judge's rubric uses {{{key}}}, which the row does not have (it has: "
@@ -129,6 +130,13 @@ class _Format(dict):  # type: ignore[type-arg]
 _CLIENTS: dict[tuple[str, float], Any] = {}
 _CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _LOCK = threading.Lock()
+
+
+def _close_clients() -> None:
+    with _LOCK:
+        for client in _CLIENTS.values():
+            client.close()
+        _CLIENTS.clear()
 
 
 @dataclass(frozen=True)
@@ -181,8 +189,21 @@ class Judge:
 
     def messages(self, completion: str, row: dict[str, Any]) -> list[dict[str, str]]:
         """The chat messages the judge is asked for ``completion`` of ``row``."""
-        user = self.rubric.format_map(_Format({**row, "completion": completion}))
+        user = self.rubric.format_map(RenderRow({**row, "completion": completion}))
         return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
+
+    def client(self) -> Any:
+        """The process's HTTP client for this judge's endpoint (one per endpoint and timeout, kept open)."""
+        import httpx
+
+        url = self.endpoint()
+        with _LOCK:
+            client = _CLIENTS.get((url, self.timeout))
+            if client is None:
+                if not _CLIENTS:
+                    atexit.register(_close_clients)
+                client = _CLIENTS[(url, self.timeout)] = httpx.Client(timeout=self.timeout)
+            return client
 
     def ask(self, messages: list[dict[str, str]]) -> str:
         """The judge's reply to ``messages`` (one call, retried on connection errors and 5xx)."""
@@ -190,10 +211,7 @@ class Judge:
 
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         url = self.endpoint()
-        with _LOCK:
-            client = _CLIENTS.get((url, self.timeout))
-            if client is None:
-                client = _CLIENTS[(url, self.timeout)] = httpx.Client(timeout=self.timeout)
+        client = self.client()
         body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -226,7 +244,7 @@ class Judge:
         """The score in the judge's ``reply`` (after the last ``after``, when set)."""
         return parse_score(self.after_marker(reply), self.scale)
 
-    def cached(self, messages: list[dict[str, str]], read: Callable[[str], _T]) -> _T:
+    def cached(self, messages: list[Any], read: Callable[[str], _T]) -> _T:
         """``read(reply)`` for the judge's reply to ``messages``, from the cache when asked before."""
         key = (self, self.endpoint(), json.dumps(messages, sort_keys=True))
         with _LOCK:
@@ -259,7 +277,8 @@ class GroupJudge(Judge):
     * ``"ranking"`` — labels best first (``b > a > c``): the i-th of n listed scores (n - i) / n, an
       unlisted reply 0;
     * ``"picks"`` — the labels of the acceptable replies (``a d``; ``none``): 1.0 each, the rest 0;
-    * ``"verdicts"`` — a yes or no after each label, every label once (``a yes b no c: yes``);
+    * ``"verdicts"`` — a yes or no after each label, every label once (``a yes b no c: yes``); the
+      reply graded may be quoted between them (``a 82 yes b 81 no``);
     * ``"scores:LO-HI"`` — one number per reply, in order, each in the range, mapped to [0, 1];
     * ``"json:KEY"`` — under ``KEY``, a list of one number per reply, or an object of label: number.
     """
@@ -279,7 +298,7 @@ class GroupJudge(Judge):
         if len(replies) > len(_LABELS):
             raise JudgeError(f"a group judge labels at most {len(_LABELS)} replies (got {len(replies)})")
         listed = self.separator.join(self.item.format(label=_LABELS[i], completion=c) for i, c in enumerate(replies))
-        user = self.rubric.format_map(_Format({**row, "completions": listed}))
+        user = self.rubric.format_map(RenderRow({**row, "completions": listed}))
         return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": user}]
 
     def scores(self, reply: str, n: int) -> list[float]:
@@ -319,7 +338,7 @@ def parse_group_scores(reply: str, scale: str, n: int) -> list[float]:
     the reply when it cannot."""
     check_group_scale(scale)
     if scale == "verdicts":
-        said = re.findall(r"\b([a-z])\)?\s*:?\s*(yes|no)\b", reply, flags=re.IGNORECASE)
+        said = re.findall(r"\b([a-z])\)?\s*:?\s*(?:[^\s:]+\s+)?(yes|no)\b", reply, flags=re.IGNORECASE)
         labels = [label for label, _ in said]
         if sorted(labels) != list(_LABELS[:n]):
             raise JudgeError(f"the judge's reply {_shown(reply)} does not give one yes or no to each of "
