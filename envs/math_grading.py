@@ -36,10 +36,11 @@ GROUP_RUBRIC = "Check: {prompt}{completions}"
 labelled (``"Check: 37+45= a) 82 b) 81 c) 82"``)."""
 
 MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="verdicts", after="Right:", item=" {label}) {completion}",
-                              separator="", max_tokens=40)
+                              separator="", max_tokens=160)
 """The group reward ``math-group-judge``: one call for a group's answers, the judge's yes (1.0) or no
-(0.0) to each (``"82. Right: a yes b no c yes"``): label by label, each answer is looked up as the
-verdict is written."""
+(0.0) to each, after quoting it (``"82. Right: a 82 yes b 81 no c 82 yes"``): quoting each answer
+beside its label is what lets a tiny judge compare it with the sum (without the quote, a tiny
+judge's verdicts on 8 answers were barely better than saying no to all)."""
 
 
 MATH_REWARD_MODEL = RewardModel(scale="sigmoid")
@@ -86,10 +87,13 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
                          right_fraction: float = 0.4, candidates: int = 1, **arithmetic: Any) -> list[dict[str, Any]]:
     """Grading pairs over the ``arithmetic`` sums of ``split`` (its keywords pass through): the
     candidate is the right answer with probability ``right_fraction``, else :func:`wrong_answer`.
+    A group (``candidates`` > 1) is drawn as a policy's group looks: the right answer in a share of
+    it drawn uniformly, the rest from one to three wrong answers, so that repeats are common and
+    the most common answer is often wrong (a judge that goes with the majority fails them).
     Rows: ``{"prompt": "Check: 37+45=82", "answer": "82. Verdict: yes", "verdict": "yes",
     "question": "37+45=", "candidate": "82"}``. With ``candidates`` > 1, a group to grade at once,
     as :data:`MATH_GROUP_JUDGE` asks: ``{"prompt": "Check: 37+45= a) 82 b) 81", "answer":
-    "82. Right: a yes b no", "verdict": "a yes b no", "candidates": ["82", "81"], ...}``."""
+    "82. Right: a 82 yes b 81 no", "verdict": "a 82 yes b 81 no", "candidates": ["82", "81"], ...}``."""
     if not 0.0 <= right_fraction <= 1.0:
         raise ValueError(f"math_grading_dataset: right_fraction must be in [0, 1] (got {right_fraction})")
     if not 1 <= candidates <= 26:
@@ -98,7 +102,11 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
     rows = []
     for row in arithmetic_dataset(split, size=size, seed=seed, **arithmetic):
         answer = row["answer"]
-        graded = [answer if rng.random() < right_fraction else wrong_answer(answer, rng) for _ in range(candidates)]
+        if candidates == 1:
+            graded = [answer if rng.random() < right_fraction else wrong_answer(answer, rng)]
+        else:  # as a policy's group: right in any share, its wrong answers often repeated (even the most common)
+            share, pool = rng.random(), [wrong_answer(answer, rng) for _ in range(rng.randint(1, 3))]
+            graded = [answer if rng.random() < share else rng.choice(pool) for _ in range(candidates)]
         if candidates == 1:
             reply = grading_reply(answer, graded[0])
             rows.append({"prompt": RUBRIC.format(prompt=row["prompt"], completion=graded[0]), "answer": reply,

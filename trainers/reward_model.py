@@ -189,7 +189,7 @@ def run_rm(cfg: ExperimentConfig) -> Path:
     """What ``areal-agents rm --env NAME`` does: a reward model trained on the preference rows of
     the env's dataset (``data.name``; the ``train`` split, accuracy on ``reward_model.eval_pairs``
     rows of ``test``), from ``actor.path`` (a causal LM given a fresh score head, or a reward model
-    trained further; default: the env's tiny model, fine-tuned on its own dataset), as the ``reward_model`` section says,
+    trained further; default: the env's tiny warm start, the one ``run`` starts from), as the ``reward_model`` section says,
     written to ``reward_model.output_dir`` (default ``<run_dir>/reward_model``) with
     ``rm_report.json``. Returns the model directory."""
     import json
@@ -203,12 +203,13 @@ def run_rm(cfg: ExperimentConfig) -> Path:
         from trainers.sft import ensure_warm_model
 
         own = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, name=None, path=None, kwargs={}))
-        base = str(ensure_warm_model(own, progress=cfg.logging.progress))  # on the env's own dataset, cached
+        base = str(ensure_warm_model(own, progress=cfg.logging.progress, warm_start=True))  # the run's, cached
     train = preference_pairs(load_dataset_rows(cfg, "train"))
     test = preference_pairs(load_dataset_rows(cfg, "test")[:rm.eval_pairs])
-    report = train_reward_model(base, train, out, steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr,
+    steps = rm.steps or max(1, len(train) // rm.batch_size)
+    report = train_reward_model(base, train, out, steps=steps, batch_size=rm.batch_size, lr=rm.lr,
                                 eval_pairs=test, eval_every=rm.eval_every, seed=cfg.seed, progress=cfg.logging.progress)
-    summary = {"steps": rm.steps, "final_loss": report["loss"][-1], "evals": report["evals"],
+    summary = {"steps": steps, "pairs": len(train), "final_loss": report["loss"][-1], "evals": report["evals"],
                "seconds": round(report["seconds"], 1), "base": str(base), "path": report["path"]}
     (out / "rm_report.json").write_text(json.dumps(summary, indent=1))
     return out

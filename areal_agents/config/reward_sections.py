@@ -24,7 +24,8 @@ class JudgeConfig(Section):
 class RewardModelConfig(Section):
     """`areal-agents rm`: a reward model trained on preference pairs (docs/rewards.md, "Reward models")."""
 
-    steps: int = f(1000, "Optimiser steps (Bradley-Terry loss).", ge(1))
+    steps: int | None = f(None, "Optimiser steps (Bradley-Terry loss); None: one pass over the training pairs "
+                                "(more passes overfit: held-out accuracy falls while the loss does).", ge(1))
     batch_size: int = f(32, "Preference pairs per step.", ge(1))
     lr: float = f(1e-3, "Learning rate (AdamW, linear warmup over the first tenth of the steps): 1e-3 suits the "
                         "tiny model, ~1e-5 a model of billions of parameters.", gt(0))

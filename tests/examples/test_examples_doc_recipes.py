@@ -30,6 +30,7 @@ _HERE = "tests/examples/test_examples_doc_recipes.py"
 CUSTOM_ENV = ROOT / "examples" / "custom_env"  # the quickstart's package, file for file
 _INSTALL = "install command (the suite runs inside the installed checkout)"
 _TINY_JUDGE = "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_judge_alone_raises_exact_match_accuracy"
+_REWARD_MODEL = "tests/rewards/test_rewards_reward_model_run.py::test_a_reward_model_trained_here_is_served_and_trains_the_policy"
 _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its config is the dataclass defaults"
 
 # doc -> command (its shell words joined by spaces) -> "<test file>::<test name>" that runs or checks it, or "not run: <why>"
@@ -128,6 +129,9 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents eval --env math-grading --model judges/math": _TINY_JUDGE,
         "areal-agents run --env math env.kwargs.reward=math-judge judge.model_path=judges/math "
         "eval.env_kwargs.reward=math": _TINY_JUDGE,
+        "areal-agents rm --env math data.name=math-preference reward_model.output_dir=reward_models/math": _REWARD_MODEL,
+        "areal-agents run --env math env.kwargs.reward=math-reward-model judge.model_path=reward_models/math "
+        "eval.env_kwargs.reward=math": _REWARD_MODEL,
     },
     "docs/online.md": {
         "areal-agents run --env math mode=online":
@@ -246,6 +250,7 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
         "from areal_agents import register_reward": f"{_HERE}::test_rewards_doc_blocks_run",
         "# my_judges.py": "tests/rewards/test_rewards_judge.py::test_the_docs_judge_registers_and_fails_in_one_line",
         "# my_group_judges.py": "tests/rewards/test_rewards_judge.py::test_the_docs_group_judge_ranks_a_group_in_one_call",
+        "# my_reward_models.py": "tests/rewards/test_rewards_reward_model.py::test_the_docs_reward_models_register_and_score",
     },
     "docs/trainer.md": {"engine = build_engine(cfg, model_path, spec)        # trainers.loop: critic / reference as the spec needs":
                         "not run: a fragment (cfg, batch, ...)"},

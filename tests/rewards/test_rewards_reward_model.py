@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -194,3 +197,26 @@ def test_bradley_terry_training_raises_held_out_pairwise_accuracy(rm_dir: Path, 
     assert is_reward_model(tmp_path / "trained") and json.loads((tmp_path / "trained" / "config.json").read_text())
     trained, tok = load_reward_model(tmp_path / "trained")
     assert pairwise_accuracy(trained, tok, held_out) == pytest.approx(after)  # what was written is what was measured
+
+
+def test_the_docs_reward_models_register_and_score(server: ServerGroup, tmp_path: Path) -> None:
+    """The docs' reward models, registered from their file as written, score one reply and a whole
+    group through the run's judge URL, in a reward worker as a run calls them."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "rewards.md").read_text()
+    (found,) = [b.split("```", 1)[0] for b in text.split("```python\n")[1:] if b.startswith("# my_reward_models.py")]
+    (tmp_path / "my_reward_models.py").write_text(found)
+    code = ("import json\n"
+            "from areal_agents.config.loader import load_config\n"
+            "cfg = load_config(None, ['imports=[my_reward_models.py]', 'rollout.group_reward=preferred-group'])\n"
+            "from areal_agents.rewards import RewardRunner\n"
+            "with RewardRunner(timeout=60, max_workers=1) as r:\n"
+            "    one = r.compute('preferred', '5', {'prompt': 'What is 2 + 3?'})\n"
+            "    many = r.compute('preferred-group', ['5', '6', '7'], {'prompt': 'What is 2 + 3?'})\n"
+            "print(json.dumps([one.value, one.judge_calls, many.values, many.judge_calls]))\n")
+    env = {**os.environ, "AREAL_AGENTS_JUDGE_URL": f"{root(server)}/v1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one, calls, many, group_calls = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0.0 < one < 1.0 and calls == 1 and group_calls == 1
+    assert len(many) == 3 and many[0] == pytest.approx(one, abs=1e-6) and all(0.0 < v < 1.0 for v in many)
