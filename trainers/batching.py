@@ -18,10 +18,13 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from areal_agents.data import read_records
+from areal_agents.failures import UserError
 from areal_agents.types import Trajectory
 
 __all__ = [
     "Batch",
+    "EpisodeTooLong",
+    "check_lengths",
     "collate",
     "concat_batches",
     "load_trajectories",
@@ -59,6 +62,27 @@ def _state_ids(traj: Trajectory, n: int, group: str, table: dict[tuple[str, str 
             if traj.loss_mask[t]:
                 out[t] = sid
     return out
+
+
+class EpisodeTooLong(UserError, ValueError):
+    """An episode longer than the trainer can take; the message names its length and the keys to change."""
+
+
+def check_lengths(trajs: Sequence[Trajectory], context: int | None, budget: int) -> None:
+    """:class:`EpisodeTooLong` for the first of ``trajs`` longer than the model's ``context`` (the
+    positions it knows) or than ``budget`` (``actor.max_tokens_per_mb``: a micro-batch holds at
+    least one whole episode, so a longer one would run past the memory the budget was sized for)."""
+    for i, tr in enumerate(trajs):
+        n = len(tr.input_ids)
+        name = f"episode {tr.info.get('episode_id', i)}"
+        if context and n > context:
+            raise EpisodeTooLong(f"{name} has {n} tokens, more than the model's context ({context} positions): cap "
+                                 "episodes with agent.max_tokens, agent.max_turns or the env's own limits")
+        if n > budget:
+            raise EpisodeTooLong(f"{name} has {n} tokens, more than one micro-batch takes (actor.max_tokens_per_mb="
+                                 f"{budget}): raise actor.max_tokens_per_mb to at least {n} (with "
+                                 "actor.gradient_checkpointing=true it costs less memory), or cap episodes with "
+                                 "agent.max_tokens")
 
 
 def collate(trajs: Sequence[Trajectory], pad_token_id: int = 0) -> Batch:

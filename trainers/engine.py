@@ -31,7 +31,7 @@ from algorithms.specs import LossFn
 from areal_agents.config import ExperimentConfig
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
-from trainers.batching import Batch, collate, micro_batch_indices, rank_indices, select, seq_lens
+from trainers.batching import Batch, check_lengths, collate, micro_batch_indices, rank_indices, select, seq_lens
 from trainers.hf_io import TORCH_DTYPES, write_hf_dir
 from trainers.logprobs import head_only_at, logprobs_at, scored_tokens, token_logprobs
 from trainers.lora import (
@@ -73,6 +73,16 @@ def _plain_tensors(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
     return out
 
 
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (non-reentrant), through whichever name the installed transformers gives it."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.x; gradient_checkpointing_enable is its deprecated alias
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+
+
 class ShardedModel:
     """One HF model sharded per decoder layer plus the root, with its optimiser and schedule.
 
@@ -104,7 +114,7 @@ class ShardedModel:
         self.positions_run = 0  # positions the forward passes ran (packed or padded), for the step's metrics
         a = cfg.actor
         if a.gradient_checkpointing and lr is not None:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            checkpoint_activations(model.body if isinstance(model, ValueModel) else model)
         mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[a.dtype], reduce_dtype=TORCH_DTYPES[a.grad_reduce_dtype])
         # One rank in float32 has nothing to shard or cast: the plain module is the same maths
         # without FSDP's per-layer copies (about 1.5x faster for the tiny model on CPU).
@@ -230,10 +240,14 @@ class TrainEngine:
 
     # -- batches ------------------------------------------------------------------------------
     def to_batch(self, data: Sequence[Trajectory] | Mapping[str, torch.Tensor]) -> Batch:
-        """Collate trajectories (pad id from the model config) or pass a batch through."""
+        """Collate trajectories (pad id from the model config) or pass a batch through; an episode
+        longer than the model's context or ``actor.max_tokens_per_mb`` is refused in one line
+        (:func:`~trainers.batching.check_lengths`)."""
         if isinstance(data, Mapping):
             return dict(data)
-        return collate(list(data), pad_token_id=self.pad_token_id)
+        trajs = list(data)
+        check_lengths(trajs, getattr(self.actor.config, "max_position_embeddings", None), self.cfg.actor.max_tokens_per_mb)
+        return collate(trajs, pad_token_id=self.pad_token_id)
 
     def _all_reduce(self, t: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         if self.world > 1:

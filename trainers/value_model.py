@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -35,5 +35,3 @@ class ValueModel(nn.Module):
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache).last_hidden_state
         return (hidden * self.value_weight.to(hidden.dtype)).sum(-1) + self.value_bias.to(hidden.dtype)
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.body.gradient_checkpointing_enable(**kwargs)

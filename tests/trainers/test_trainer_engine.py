@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from trainer_helpers import (
 
 from areal_agents.rollout.returns import settle_returns
 from areal_agents.types import Trajectory
+from trainers.batching import EpisodeTooLong
 from trainers.dist import spawn
 from trainers.engine import TrainEngine, lr_lambda, token_logprobs
 
@@ -342,3 +344,36 @@ def test_packed_prefixes_give_the_same_logprobs_loss_and_update(model_dir: Path,
     pa, pb = _params(engines[True]), _params(engines[False])
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-5, rtol=1e-4)
+
+
+def test_an_episode_longer_than_the_model_or_the_budget_is_refused_in_one_line(model_dir: Path) -> None:
+    engine = TrainEngine(make_cfg(max_tokens_per_mb=200), model_dir)  # the model knows 256 positions
+    (fits,) = make_trajs(1, seed=5, min_len=190, max_len=190)
+    assert math.isfinite(engine.train_batch([fits], nll_loss_fn)["loss"])
+    (over_budget,) = make_trajs(1, seed=5, min_len=230, max_len=230)
+    over_budget.info["episode_id"] = "rollout-7-3"
+    with pytest.raises(EpisodeTooLong) as err:
+        engine.train_batch([fits, over_budget], nll_loss_fn)
+    assert str(err.value).startswith("episode rollout-7-3 has 230 tokens, more than one micro-batch takes "
+                                     "(actor.max_tokens_per_mb=200): raise actor.max_tokens_per_mb to at least 230")
+    (over_context,) = make_trajs(1, seed=5, min_len=300, max_len=300)
+    with pytest.raises(EpisodeTooLong, match=r"^episode 0 has 300 tokens, more than the model's context \(256 positions\)"):
+        TrainEngine(make_cfg(), model_dir).compute_logprobs([over_context])
+    assert "\n" not in str(err.value)
+
+
+def test_an_8k_token_episode_trains_with_activation_checkpointing(tmp_path: Path) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "long")
+    (episode,) = make_trajs(1, seed=2, min_len=8192, max_len=8192)  # a prompt, two long turns
+    engine = TrainEngine(make_cfg(max_tokens_per_mb=8192, gradient_checkpointing=True), tmp_path / "long")
+    before = _params(engine)
+    metrics = engine.train_batch([episode], nll_loss_fn)
+    assert math.isfinite(metrics["loss"]) and metrics["n_tokens"] == sum(episode.loss_mask)
+    after = engine.full_state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
