@@ -31,9 +31,10 @@ RUBRIC = "Check: {prompt}{completion}"
 MATH_JUDGE = Judge(RUBRIC, scale="yes/no", after="Verdict:", max_tokens=12)
 """The reward ``math-judge``: 1.0 when the run's judge model (``judge.model_path``) says yes."""
 
-GROUP_RUBRIC = "Check: {prompt}{completions}"
-"""The question a group judge for ``math`` is asked: the row's prompt, then the group's answers
-labelled (``"Check: 37+45= a) 82 b) 81 c) 82"``)."""
+GROUP_RUBRIC = "Check:{completions} for {prompt}"
+"""The question a group judge for ``math`` is asked: the group's answers labelled, then the row's
+prompt (``"Check: a) 82 b) 81 c) 82 for 37+45="``): the sum last, next to where the judge writes
+it out (asked first, a tiny judge took the most common answer for the sum)."""
 
 MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="verdicts", after="Right:", item=" {label}) {completion}",
                               separator="", max_tokens=160)
@@ -92,7 +93,7 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
     the most common answer is often wrong (a judge that goes with the majority fails them).
     Rows: ``{"prompt": "Check: 37+45=82", "answer": "82. Verdict: yes", "verdict": "yes",
     "question": "37+45=", "candidate": "82"}``. With ``candidates`` > 1, a group to grade at once,
-    as :data:`MATH_GROUP_JUDGE` asks: ``{"prompt": "Check: 37+45= a) 82 b) 81", "answer":
+    as :data:`MATH_GROUP_JUDGE` asks: ``{"prompt": "Check: a) 82 b) 81 for 37+45=", "answer":
     "82. Right: a 82 yes b 81 no", "verdict": "a 82 yes b 81 no", "candidates": ["82", "81"], ...}``."""
     if not 0.0 <= right_fraction <= 1.0:
         raise ValueError(f"math_grading_dataset: right_fraction must be in [0, 1] (got {right_fraction})")
