@@ -37,7 +37,7 @@ prompt (``"Check: a) 82 b) 81 c) 82 for 37+45="``): the sum last, next to where 
 it out (asked first, a tiny judge took the most common answer for the sum)."""
 
 MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="verdicts", after="Right:", item=" {label}) {completion}",
-                              separator="", max_tokens=160)
+                              separator="", distinct=True, max_tokens=160)
 """The group reward ``math-group-judge``: one call for a group's answers, the judge's yes (1.0) or no
 (0.0) to each, after quoting it (``"82. Right: a 82 yes b 81 no c 82 yes"``): quoting each answer
 beside its label is what lets a tiny judge compare it with the sum (without the quote, a tiny
@@ -105,9 +105,11 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
         answer = row["answer"]
         if candidates == 1:
             graded = [answer if rng.random() < right_fraction else wrong_answer(answer, rng)]
-        else:  # as a policy's group: right in any share, its wrong answers often repeated (even the most common)
-            share, pool = rng.random(), [wrong_answer(answer, rng) for _ in range(rng.randint(1, 3))]
-            graded = [answer if rng.random() < share else rng.choice(pool) for _ in range(candidates)]
+        else:  # as a policy's group, each answer once (the judge sees distinct answers): right or not, 1 to n
+            count = rng.randint(1, candidates)
+            graded = ([answer] if rng.random() < 0.5 else []) + [wrong_answer(answer, rng) for _ in range(count)]
+            graded = list(dict.fromkeys(graded))[:count]
+            rng.shuffle(graded)
         if candidates == 1:
             reply = grading_reply(answer, graded[0])
             rows.append({"prompt": RUBRIC.format(prompt=row["prompt"], completion=graded[0]), "answer": reply,

@@ -281,11 +281,16 @@ class GroupJudge(Judge):
       reply graded may be quoted between them (``a 82 yes b 81 no``);
     * ``"scores:LO-HI"`` — one number per reply, in order, each in the range, mapped to [0, 1];
     * ``"json:KEY"`` — under ``KEY``, a list of one number per reply, or an object of label: number.
+
+    With ``distinct=True`` the judge sees each different reply once (in order of first appearance)
+    and every copy gets its score: shorter prompts, and no count of copies to sway the judge
+    (a small judge asked about a group takes its most common answer for the right one).
     """
 
     scale: str = "ranking"
     item: str = "{label}) {completion}"
     separator: str = "\n"
+    distinct: bool = False
     group = True
 
     def check_scale(self) -> None:
@@ -307,7 +312,12 @@ class GroupJudge(Judge):
 
     def __call__(self, completion: Any, **row: Any) -> list[float]:  # type: ignore[override]
         replies = list(completion)
-        return self.cached(self.messages(replies, row), lambda reply: self.scores(reply, len(replies)))
+        shown = list(dict.fromkeys(replies)) if self.distinct else replies
+        scores = self.cached(self.messages(shown, row), lambda reply: self.scores(reply, len(shown)))
+        if not self.distinct:
+            return scores
+        by_reply = dict(zip(shown, scores, strict=True))
+        return [by_reply[r] for r in replies]
 
 
 def check_group_scale(scale: str) -> str:

@@ -60,15 +60,16 @@ def test_group_rows_teach_a_verdict_for_each_answer_as_the_group_judge_asks() ->
     from envs.math_grading import MATH_GROUP_JUDGE
 
     sums = {r["prompt"]: r["answer"] for r in arithmetic_dataset("test")}
-    wrong_majority = 0
+    with_right, sizes = 0, set()
     for row in math_grading_dataset("test", size=200, seed=1, candidates=8):
         truth = sums[row["question"]]
-        assert all(f"{label} {c} " in row["answer"] + " " for label, c in zip("abcdefgh", row["candidates"], strict=True))
-        top = max(set(row["candidates"]), key=row["candidates"].count)
-        wrong_majority += row["candidates"].count(top) > row["candidates"].count(truth)
+        assert all(f"{label} {c} " in row["answer"] + " " for label, c in zip("abcdefgh", row["candidates"], strict=False))
+        assert len(set(row["candidates"])) == len(row["candidates"])  # each answer once, as the judge is asked
+        with_right += truth in row["candidates"]
+        sizes.add(len(row["candidates"]))
         assert row["prompt"] == MATH_GROUP_JUDGE.messages(row["candidates"], {"prompt": row["question"]})[-1]["content"]
-        assert MATH_GROUP_JUDGE.scores(row["answer"], 8) == [float(c == truth) for c in row["candidates"]]
+        assert MATH_GROUP_JUDGE.scores(row["answer"], len(row["candidates"])) == [float(c == truth) for c in row["candidates"]]
         assert verdict_reward(row["answer"], **{k: v for k, v in row.items() if k != "answer"}) == 1.0
         wrong = row["answer"].replace(" yes", " y_s").replace(" no", " yes").replace(" y_s", " no")
         assert verdict_reward(wrong, **{k: v for k, v in row.items() if k != "answer"}) == 0.0
-    assert 40 <= wrong_majority <= 160  # a judge that goes with the most common answer fails many groups
+    assert 60 <= with_right <= 140 and sizes == set(range(1, 9))  # a judge must work the sum out to tell

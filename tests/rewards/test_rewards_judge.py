@@ -223,3 +223,15 @@ def test_the_docs_group_judge_ranks_a_group_in_one_call(judge_server: ServerGrou
     group, rubric, status, error, calls = json.loads(done.stdout.strip().splitlines()[-1])
     assert group and rubric.endswith("Request: P\na) x\nb) y") and calls == 1
     assert status == "reward_error" and "the judge's reply" in error and "names none of the replies" in error
+
+
+def test_a_distinct_group_judge_asks_each_reply_once_and_scores_every_copy(judge_server: ServerGroup) -> None:
+    # The math warm start answers the sum with one number: read as one score (0-200), it is a
+    # group judge's answer for a group of one different reply, not for three copies of it.
+    distinct = GroupJudge("{prompt}{completions}", base_url(judge_server), scale="scores:0-200", item="",
+                          separator="", distinct=True, max_tokens=6)
+    (only,) = distinct(["42"], prompt="12+30=")
+    assert 0.0 <= only <= 1.0 and distinct(["42", "42", "42"], prompt="12+30=") == [only] * 3
+    with pytest.raises(JudgeError, match="does not give 3 numbers"):
+        GroupJudge("{prompt}{completions}", base_url(judge_server), scale="scores:0-200", item="", separator="",
+                   max_tokens=6)(["42", "42", "42"], prompt="12+30=")
