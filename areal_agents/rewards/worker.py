@@ -137,6 +137,9 @@ def _serve(conn: Connection) -> None:
             files, payload = pickle.loads(job)
             _import_files(files)
             fn, completion, row = pickle.loads(payload)
+            if getattr(fn, "group", False) is True and isinstance(completion, str):
+                raise BadValue("is a group reward (it scores a group's replies together): name it in "
+                               "rollout.group_reward, not as an env's reward")
             value = fn(completion, **row)
             reply: tuple[bool, Any] = (True, check_values(value, len(completion)) if getattr(fn, "group", False) is True
                                        else check_value(value))

@@ -146,3 +146,11 @@ def test_a_group_filter_raising_after_the_group_reward_fails_the_run(runner: Rew
                          group_scorer=group_scorer(runner, "test-longest-first")) as ex:
         with pytest.raises(RuntimeError, match="filter bug"):
             ex.prepare_batch(timeout=60)
+
+
+def test_a_group_reward_given_one_reply_is_a_reward_error_not_a_score_of_its_characters(runner: RewardRunner) -> None:
+    # named as an env's reward by mistake, it would score "abc" as the group ["a", "b", "c"]
+    result = runner.compute("test-longest-first", "abc", {})
+    assert result.status == "reward_error" and "is a group reward" in result.error
+    assert "rollout.group_reward" in result.error and "\n" not in result.error
+    assert runner.compute("test-longest-first", ["abc", "a"], {}).values == [1.0, 0.5]
