@@ -32,6 +32,7 @@ from areal_agents.rewards.judge import Judge, JudgeError, RenderRow
 __all__ = ["RewardModel", "check_model_scale"]
 
 _TOKENIZERS: dict[str, Any] = {}
+_SERVED: dict[str, str] = {}  # server root -> the tokenizer path it names
 _LOCK = threading.Lock()
 _SOFTMAX = re.compile(r"^softmax:(\d+)$")
 
@@ -96,9 +97,17 @@ class RewardModel(Judge):
         return str(tok.apply_chat_template(conv, tokenize=False))
 
     def _served_tokenizer(self) -> str:
+        """The tokenizer the server names (asked once per server and process)."""
+        root = self.root()
+        with _LOCK:
+            known = _SERVED.get(root)
+        if known is not None:
+            return known
         info = self._post_or_get("get_model_info", None)
         if not isinstance(info, dict) or not isinstance(info.get("tokenizer_path"), str):
-            raise JudgeError(f"the reward model at {self.root()} does not say its tokenizer (give RewardModel(tokenizer=DIR))")
+            raise JudgeError(f"the reward model at {root} does not say its tokenizer (give RewardModel(tokenizer=DIR))")
+        with _LOCK:
+            _SERVED[root] = str(info["tokenizer_path"])
         return str(info["tokenizer_path"])
 
     def _classify(self, texts: list[str]) -> list[list[float]]:
