@@ -207,29 +207,37 @@ class Judge:
 
     def ask(self, messages: list[dict[str, str]]) -> str:
         """The judge's reply to ``messages`` (one call, retried on connection errors and 5xx)."""
-        import httpx
-
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         url = self.endpoint()
-        client = self.client()
         body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        last = ""
+        answer = self.request(f"{url.rstrip('/')}/chat/completions", body,
+                              headers={"Authorization": f"Bearer {key}"} if key else {},
+                              refused="the judge endpoint", unanswered=f"the judge at {url}")
+        return str(answer["choices"][0]["message"]["content"] or "")
+
+    def request(self, url: str, body: dict[str, Any] | None, *, headers: dict[str, str] | None = None,
+                refused: str, unanswered: str) -> Any:
+        """The JSON answer of ``url`` (POST ``body``, or GET when it is None), retried ``retries``
+        times on connection errors and 5xx; :class:`JudgeError` naming ``refused`` for a 4xx, and
+        ``unanswered`` when no try succeeded."""
+        import httpx
+
+        client, last = self.client(), ""
         for attempt in range(self.retries + 1):
             try:
-                resp = client.post(f"{url.rstrip('/')}/chat/completions", json=body, headers=headers)
+                resp = client.post(url, json=body, headers=headers) if body is not None else client.get(url, headers=headers)
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code < 500:
                     if resp.status_code != 200:
-                        raise JudgeError(f"the judge endpoint refused the request ({resp.status_code}): {resp.text[:300]}")
-                    return str(resp.json()["choices"][0]["message"]["content"] or "")
+                        raise JudgeError(f"{refused} refused the request ({resp.status_code}): {resp.text[:300]}")
+                    return resp.json()
                 last = f"status {resp.status_code}: {resp.text[:200]}"
             if attempt < self.retries:
                 time.sleep(min(2.0, 0.25 * 2**attempt))
-        raise JudgeError(f"the judge at {url} did not answer after {self.retries + 1} tries ({last})")
+        raise JudgeError(f"{unanswered} did not answer after {self.retries + 1} tries ({last})")
 
     def after_marker(self, reply: str) -> str:
         """What the scale reads: the reply after the last ``after`` (all of it when unset)."""

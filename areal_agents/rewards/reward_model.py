@@ -23,7 +23,6 @@ import json
 import math
 import re
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,23 +120,8 @@ class RewardModel(Judge):
 
     def _post_or_get(self, path: str, body: dict[str, Any] | None) -> Any:
         """The JSON answer of ``/path`` (POST when ``body`` is given), retried on connection errors and 5xx."""
-        import httpx
-
-        url, last, client = f"{self.root()}/{path}", "", self.client()
-        for attempt in range(self.retries + 1):
-            try:
-                resp = client.post(url, json=body) if body is not None else client.get(url)
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if resp.status_code < 500:
-                    if resp.status_code != 200:
-                        raise JudgeError(f"the reward model refused the request ({resp.status_code}): {resp.text[:300]}")
-                    return resp.json()
-                last = f"status {resp.status_code}: {resp.text[:200]}"
-            if attempt < self.retries:
-                time.sleep(min(2.0, 0.25 * 2**attempt))
-        raise JudgeError(f"the reward model at {url} did not answer after {self.retries + 1} tries ({last})")
+        url = f"{self.root()}/{path}"
+        return self.request(url, body, refused="the reward model", unanswered=f"the reward model at {url}")
 
     def value(self, outputs: list[float]) -> float:
         """The reward ``scale`` makes of one text's outputs."""
