@@ -225,3 +225,32 @@ def test_every_top_level_directory_but_the_system_ones_is_empty_inside() -> None
         allowed = {k[len(root) + 1:].split("/")[0] for k in kept if k.startswith(root + "/")}
         extra = [n for n in seen[root] if n not in allowed and not any(n.startswith(a) for a in allowed if a.endswith("-"))]
         assert not extra, f"{root} shows {extra} inside the sandbox"
+
+
+def test_the_code_keeps_no_capability_and_cannot_gain_one() -> None:
+    """The code runs in the interpreter that set the sandbox up (no second start-up), so nothing
+    but the sandbox's own capset clears what the namespaces granted."""
+    r = run_python("print(open('/proc/self/status').read())")
+    _assert_isolated(r)
+    status = dict(line.split(":\t", 1) for line in r.stdout.splitlines() if ":\t" in line)
+    assert {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapAmb", "NoNewPrivs")} == {
+        "CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapAmb": "0" * 16, "NoNewPrivs": "1"}
+
+
+def test_the_code_runs_as_a_main_script_would() -> None:
+    """``__name__``, ``sys.argv``, exit codes and an uncaught exception's report as ``python main.py``
+    gives them; output written before the end reaches the result."""
+    r = run_python("import sys\nprint(__name__, sys.argv, __file__)\nsys.stdout.write('unflushed')\nsys.exit(3)")
+    assert (r.exit_code, r.stdout) == (3, "__main__ ['main.py'] main.py\nunflushed")
+    r = run_python("print('before')\n\ndef f():\n    return 1 / 0\n\nf()\n")
+    assert r.exit_code == 1 and r.stdout == "before\n"
+    assert r.stderr.splitlines()[0] == "Traceback (most recent call last):"
+    assert 'File "main.py", line 6, in <module>' in r.stderr and 'File "main.py", line 4, in f' in r.stderr
+    assert "<string>" not in r.stderr and r.stderr.strip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_installed_packages_only_when_asked() -> None:
+    """The standard library always; site-packages (here: httpx, a dependency) with ``site_packages``."""
+    code = "import json\ntry:\n    import httpx\n    print('httpx')\nexcept ImportError:\n    print('stdlib only')"
+    assert run_python(code).stdout.strip() == "stdlib only"
+    assert run_python(code, site_packages=True).stdout.strip() == "httpx"
