@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     **dict.fromkeys(("DatasetMixin", "Env", "ReferenceMixin", "RewardMixin"), "areal_agents.env"),
-    "check_env": "areal_agents.gym.checker",
+    **dict.fromkeys(("EnvCheckError", "EnvCheckWarning", "check_env"), "areal_agents.gym.checker"),
     **dict.fromkeys(("make_env", "register_gymnasium_envs"), "areal_agents.gym.registration"),
     **dict.fromkeys(("Agent", "ChatAgent", "checked_step"), "areal_agents.agent"),
 }
@@ -33,7 +33,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from areal_agents.agent import Agent, ChatAgent, checked_step
     from areal_agents.env import DatasetMixin, Env, ReferenceMixin, RewardMixin
-    from areal_agents.gym.checker import check_env
+    from areal_agents.gym.checker import EnvCheckError, EnvCheckWarning, check_env
     from areal_agents.gym.registration import make_env, register_gymnasium_envs
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "ConfigError",
     "DatasetMixin",
     "Env",
+    "EnvCheckError",
+    "EnvCheckWarning",
     "ExperimentConfig",
     "ReferenceMixin",
     "Registry",

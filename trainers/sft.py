@@ -18,7 +18,6 @@ import json
 import os
 import random
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -29,7 +28,9 @@ from torch.nn.utils.rnn import pad_sequence
 from algorithms.losses import LossNorm
 from areal_agents.config import AlgorithmConfig, ConfigError, ExperimentConfig, LoraConfig, SFTConfig
 from areal_agents.env import reference_completion, reference_conversation
+from areal_agents.rollout.preflight import check_reference_turns
 from areal_agents.types import Trajectory
+from trainers.tiny_corpus import ensure_env_tiny_model
 from trainers.warm_check import episode_check, is_multi_turn
 
 if TYPE_CHECKING:
@@ -273,52 +274,6 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Seque
     return examples, prompts
 
 
-def _corpus_text(env: Env, row: dict[str, Any]) -> str:
-    """The text of a row the tiny model's tokenizer learns from: its prompt and reference (a
-    reference conversation as the tiny model's chat template renders it, tool specs included)."""
-    conv = reference_conversation(env, row)
-    if conv is None:
-        return str(row["prompt"]) + " " + str(reference_completion(env, row) or "")
-    import jinja2.sandbox
-
-    from trainers.tiny_model import CHAT_TEMPLATE
-
-    jinja = jinja2.sandbox.ImmutableSandboxedEnvironment()
-    jinja.filters["tojson"] = json.dumps
-    return jinja.from_string(CHAT_TEMPLATE).render(messages=conv, tools=getattr(env, "tools", None),
-                                                   add_generation_prompt=False)
-
-
-def _probe_replies(env: Env, rows: Sequence[dict[str, Any]], n: int = 64, budget_s: float = 60.0) -> list[str]:
-    """What ``env`` answers to wrong first replies, for the tokenizer to learn: an empty reply
-    and another row's reference, on each of the first ``n`` rows (an env that fails is skipped).
-    A reference conversation shows only the answers a methodical player gets, but a policy also
-    reads ``Invalid expression.`` and the like, which a tokenizer that never saw them spells out
-    byte by byte. A single-turn env answers nothing. The built-in envs take under 5 s (python-tool,
-    one sandbox run a probe); an env slower than ``budget_s`` in all is cut short with a warning,
-    as the tokenizer then depends on the machine's speed."""
-    out: list[str] = []
-    deadline = time.monotonic() + budget_s
-    rows = list(rows[:n])
-    for i, row in enumerate(rows):
-        other = reference_completion(env, rows[(i + 1) % len(rows)]) or ""
-        for action in dict.fromkeys(("", other)):
-            if time.monotonic() > deadline:
-                warnings.warn(f"{type(env).__name__}: probing its replies for the tiny tokenizer took over {budget_s:g} s; "
-                              f"kept the first {len(out)}", RuntimeWarning, stacklevel=2)
-                return out
-            try:
-                env.reset(seed=0, options=dict(row))
-                obs = env.step(action)[0]
-            except Exception:  # noqa: BLE001  (a probe only: the env checker reports failing envs)
-                continue
-            if isinstance(obs, list):  # messages
-                out.extend(str(m.get("content") or "") for m in obs if isinstance(m, dict))
-            elif obs:
-                out.append(str(obs))
-    return out
-
-
 def _defaults(env_name: str) -> dict[str, Any]:
     """The default values of the env's constructor arguments (none when it has no signature to read)."""
     from areal_agents.registry import envs
@@ -347,6 +302,22 @@ def _warm_key(cfg: ExperimentConfig, base: Path, train_rows: list[dict[str, Any]
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _announce(cfg: ExperimentConfig, base: Path, out: Path, *, progress: bool) -> contextlib.AbstractContextManager[Any]:
+    """Say (with ``progress``, on the first rank) that the warm start into ``out`` begins and where it
+    goes; the spinner returned (a terminal's) runs while the tiny model ``base`` is built, if it must be."""
+    if not progress or os.environ.get("RANK", "0") != "0":
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    console = Console()
+    where = f"written to {out}" if cfg.sft.output_dir else f"first use; cached in {out}"
+    console.print(f"warm start: building the tiny default model of env {cfg.env.name!r} and fine-tuning it on the "
+                  f"env's reference replies ({where})", markup=False, highlight=False, soft_wrap=True)
+    if (base / "config.json").is_file():
+        return contextlib.nullcontext()
+    return console.status(f"building the tiny model's tokenizer and weights in {base}")
+
+
 def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_start: bool = False) -> Path:
     """The SFT-warm-started tiny model for ``cfg.env`` (built and cached on first use).
 
@@ -362,12 +333,15 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     The env plays with ``eval.env_kwargs`` over ``env.kwargs``, as evals do (see :func:`_warm_key`).
     Cached at ``sft.output_dir`` or ``<cache>/warm/<env>-<hash>``; the hash covers the env,
     the training rows and the SFT config. The finished model dir appears atomically, with ``sft_report.json``.
+    With ``progress``, a build says what it builds and where, then shows a bar of the SFT steps.
+    ``warm_start=True`` first checks that the env's reference games fit in ``agent.max_turns``
+    (:func:`~areal_agents.rollout.preflight.check_reference_turns`, a ``ConfigError``).
     """
     from transformers import AutoTokenizer
 
     from areal_agents.data import load_dataset_rows
     from areal_agents.gym.registration import make_env
-    from trainers.tiny_model import cache_dir, ensure_tiny_model
+    from trainers.tiny_model import cache_dir, tiny_model_dir
 
     stop_at = (cfg.sft.warm_start_target or None) if warm_start else None
     cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, lora=LoraConfig()),  # the base is trained whole
@@ -381,22 +355,19 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     train_rows = load_dataset_rows(dataclasses.replace(cfg, data=data), "train")
     test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size]
     env = make_env(cfg.env.name, **cfg.env.kwargs)
+    if warm_start:  # the run's episodes play what it teaches: its reference games must fit agent.max_turns
+        check_reference_turns(cfg, env, train_rows)
     multi = bool(test_rows) and is_multi_turn(cfg, env, test_rows[0])  # checked by playing episodes, as evals do
     exact = bool(stop_at) and not multi and all(reference_completion(env, r) is not None for r in test_rows)
     if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
         test_rows = test_rows[:_CHECK_ROWS]
 
-    def corpus() -> list[str]:
-        probe = make_env(cfg.env.name, **cfg.env.kwargs)
-        try:
-            return [*(_corpus_text(env, r) for r in train_rows[:5000]), *_probe_replies(probe, train_rows)]
-        finally:
-            probe.close()
-
-    base = ensure_tiny_model(cfg.env.name, corpus)
+    base = tiny_model_dir(cfg.env.name)  # where ensure_env_tiny_model builds it
     out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
+    with _announce(cfg, base, out, progress=progress):
+        ensure_env_tiny_model(cfg, env, train_rows)
     tokenizer = AutoTokenizer.from_pretrained(base)
     examples, _ = render_examples(cfg, tokenizer, env, train_rows)
     if not examples:

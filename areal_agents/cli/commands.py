@@ -139,17 +139,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``areal-agents serve``: the embedded server; without ``--model`` it serves the tiny default
-    model of ``--env`` (warm-started and cached on first use by ``trainers.sft``)."""
+    model of ``--env`` (warm-started and cached on first use by ``trainers.sft``, which says so and
+    shows its progress), and says which model that is."""
     check_model_dir(args.model, "--model")
     if not args.model:
+        env = args.env or "math"
         try:
             from trainers.sft import ensure_warm_model
 
-            args.model = str(ensure_warm_model(load_config(None, [f"env.name={args.env or 'math'}"])))
+            cfg = load_config(None, [f"env.name={env}"])
+            args.model = str(ensure_warm_model(cfg, progress=cfg.logging.progress))
         except (ImportError, ValueError) as exc:
             print(f"error: no --model given and the default model is unavailable ({exc}); pass --model DIR",
                   file=sys.stderr)
             return 2
+        print(f"no --model: serving the tiny default model of env {env!r} from {args.model}", flush=True)
     from areal_agents.inference.server import cli_serve
 
     return int(cli_serve(args))

@@ -8,19 +8,21 @@ runs :func:`~areal_agents.gym.checker.check_env`, then builds the agent and play
 agent's code runs, no model does). A failure is a :class:`PreflightError` whose one-line
 message names the component, the cause and the line of the user's code, e.g.
 ``reward 'exact' returned str '0.0', not a number (my_rewards.py:12)``; the original exception
-is chained to it, so ``AREAL_AGENTS_TRACEBACK=1`` shows the whole traceback.
+is chained to it, so ``AREAL_AGENTS_TRACEBACK=1`` shows the whole traceback. A run that warm-starts
+the tiny default model (no ``actor.path``) also checks that the env's reference games fit in
+``agent.max_turns`` (:func:`check_reference_turns`, a :class:`~areal_agents.config.ConfigError`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from areal_agents.config import ExperimentConfig
+from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.data import load_dataset_rows
-from areal_agents.env import reference_completion
+from areal_agents.env import reference_completion, reference_conversation
 from areal_agents.failures import UserError, blame, describe, failure_cause, function_location
 from areal_agents.gym.checker import EnvCheckError, check_env, probe_actions
 from areal_agents.llm.scripted import ScriptedLLM
@@ -31,9 +33,10 @@ from areal_agents.rewards.worker import check_not_in_worker
 from areal_agents.rollout.wiring import build_agent, env_factory, sampling_params
 from areal_agents.types import Trajectory
 
-__all__ = ["PreflightError", "preflight"]
+__all__ = ["REFERENCE_CHECK_ROWS", "PreflightError", "check_reference_turns", "preflight", "reference_turns"]
 
 T = TypeVar("T")
+REFERENCE_CHECK_ROWS = 1000  # the rows whose reference games check_reference_turns reads
 
 
 class PreflightError(UserError):
@@ -111,11 +114,43 @@ def _check_agent(cfg: ExperimentConfig, row: dict[str, Any], reply: str, rewards
         raise PreflightError(f"{label}: run returned an invalid trajectory: {exc} ({where})") from exc
 
 
+def reference_turns(conversation: Sequence[Any] | None) -> int:
+    """The assistant turns of a reference conversation (its replies, as the agent counts turns); 0 for ``None``."""
+    return sum(1 for m in conversation or () if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def check_reference_turns(cfg: ExperimentConfig, env: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Refuse a warm start on reference games that the run's episodes cannot finish: a
+    :class:`ConfigError` naming ``agent.max_turns`` when a ``reference_conversation`` of the first
+    :data:`REFERENCE_CHECK_ROWS` rows (a sample, the same whatever the dataset's size) has more
+    assistant turns than ``agent.max_turns`` allows. An exception of the env's method propagates."""
+    longest = max((reference_turns(reference_conversation(env, dict(row))) for row in rows[:REFERENCE_CHECK_ROWS]),
+                  default=0)
+    if longest > cfg.agent.max_turns:
+        raise ConfigError("agent.max_turns", f"env {cfg.env.name!r}: reference games take up to {longest} assistant "
+                          f"turns but agent.max_turns={cfg.agent.max_turns}; set agent.max_turns={longest} (or more)")
+
+
+def _check_reference_games(cfg: ExperimentConfig, rows: Sequence[dict[str, Any]], rewards: RewardRunner) -> None:
+    """:func:`check_reference_turns` on an env of ``cfg`` (an exception of the env's is a PreflightError)."""
+    label = f"env {cfg.env.name!r}"
+    env = _call(f"{label}: constructing it", env_factory(cfg, rewards), fallback=envs.get(cfg.env.name))
+    try:
+        check_reference_turns(cfg, env, rows)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise PreflightError(f"{label}: reference_conversation raised {describe(exc, function_location(type(env)))}") from exc
+    finally:
+        _close(env)
+
+
 def preflight(cfg: ExperimentConfig) -> None:
     """Check the env, its reward and the agent of ``cfg`` on one training row (see the module doc).
 
-    Raises :class:`PreflightError` (or the dataset's ``DatasetError``) with one line; does
-    nothing in ``mode=train``, which plays no episodes.
+    Raises :class:`PreflightError` (or the dataset's ``DatasetError``, or a ``ConfigError`` of
+    :func:`check_reference_turns` when the run warm-starts) with one line; does nothing in
+    ``mode=train``, which plays no episodes.
     """
     check_not_in_worker()
     if cfg.mode == "train":
@@ -125,3 +160,5 @@ def preflight(cfg: ExperimentConfig) -> None:
         raise PreflightError(f"env {cfg.env.name!r}: the training data has no rows")
     with RewardRunner(timeout=cfg.rollout.reward_timeout, max_workers=1) as rewards:
         _check_agent(cfg, rows[0], _check_env_and_reward(cfg, rows[0], rewards), rewards)
+        if cfg.actor.path is None:  # the tiny default model is warm-started on the env's reference games
+            _check_reference_games(cfg, rows, rewards)

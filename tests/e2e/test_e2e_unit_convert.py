@@ -17,7 +17,8 @@ from areal_agents.config import SFTConfig
 from areal_agents.config.loader import load_config
 from areal_agents.data import load_dataset_rows
 from trainers.batching import load_trajectories
-from trainers.sft import _corpus_text, render_examples, sft_train
+from trainers.sft import render_examples, sft_train
+from trainers.tiny_corpus import corpus_text
 from trainers.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ def _tool_calling_model(root: Path) -> Path:
 
     env = make_env("unit-convert")
     rows = load_dataset_rows(cfg, "train")[:400]
-    base = build_tiny_model([_corpus_text(env, r) for r in rows], root / "base")
+    base = build_tiny_model([corpus_text(env, r) for r in rows], root / "base")
     tokenizer = AutoTokenizer.from_pretrained(base)
     examples, _ = render_examples(cfg, tokenizer, env, rows)
     sft_train(base, examples, SFTConfig(steps=120, batch_size=16, lr=3e-3, warmup_steps=10, eval_every=0),

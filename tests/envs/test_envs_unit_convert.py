@@ -19,7 +19,8 @@ from areal_agents.openai_compat.client import EpisodeClient
 from areal_agents.openai_compat.session import ChatSession
 from areal_agents.openai_compat.trajectories import assemble
 from envs.unit_convert import UnitConvertEnv, convert, run_tool, unit_convert_agent, unit_convert_dataset
-from trainers.sft import _corpus_text, exact_match_accuracy, render_examples
+from trainers.sft import exact_match_accuracy, render_examples
+from trainers.tiny_corpus import corpus_text
 from trainers.tiny_model import build_tiny_model
 
 
@@ -29,7 +30,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     env = UnitConvertEnv()
     rows = unit_convert_dataset("train", size=200)
-    model = build_tiny_model([_corpus_text(env, r) for r in rows], tmp_path_factory.mktemp("uc") / "model")
+    model = build_tiny_model([corpus_text(env, r) for r in rows], tmp_path_factory.mktemp("uc") / "model")
     return AutoTokenizer.from_pretrained(model)
 
 

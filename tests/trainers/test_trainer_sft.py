@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from areal_agents.config import SFTConfig
+from areal_agents.config import ConfigError, SFTConfig
 from areal_agents.config.loader import load_config
 from trainers.sft import _trajectory, ensure_warm_model, exact_match_accuracy, sft_loss, sft_train
 from trainers.tiny_model import build_tiny_model
@@ -139,6 +139,31 @@ def test_warm_start_cache_key_follows_training_rows_not_eval_settings(tmp_path: 
     assert bf16 not in (first, other)  # weights trained in another precision: another warm start
 
 
+def test_a_warm_start_says_what_it_builds_and_where_it_caches_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """What ``serve`` without ``--model``, ``run``, ``eval`` and ``sft`` print before the SFT bar; a cached one says nothing."""
+    monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(None, ["env.name=math", "sft.steps=2", "sft.batch_size=4", "sft.eval_every=0", "data.test_size=8"])
+    path = ensure_warm_model(cfg)
+    lines = capsys.readouterr().out.splitlines()
+    assert (f"warm start: building the tiny default model of env 'math' and fine-tuning it on the env's reference "
+            f"replies (first use; cached in {path})") in lines, lines
+    assert path.is_relative_to(tmp_path / "cache") and any(line.startswith("sft") and "2/2" in line for line in lines)
+    assert ensure_warm_model(cfg) == path and capsys.readouterr().out == ""
+    assert ensure_warm_model(cfg, progress=False) == path and capsys.readouterr().out == ""
+
+
+def test_a_warm_start_on_games_longer_than_max_turns_is_refused_before_building(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``guess-number``'s bisection games take more than 4 guesses on many of its rows: ``agent.max_turns=4`` could finish none of those."""
+    monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(None, ["env.name=guess-number", "agent.max_turns=4"])
+    with pytest.raises(ConfigError, match=r"^agent\.max_turns: env 'guess-number': reference games take up to (\d+) "
+                                          r"assistant turns but agent\.max_turns=4; set agent\.max_turns=\1 \(or more\)$"):
+        ensure_warm_model(cfg, progress=False, warm_start=True)
+    assert not (tmp_path / "cache").exists()
+
+
 def test_sft_command_says_where_it_wrote_the_model(tmp_path: Path) -> None:
     import os
     import subprocess
@@ -160,20 +185,20 @@ def test_the_tokenizer_corpus_has_what_an_env_answers_to_wrong_replies() -> None
     tokenizer's corpus, so it is learned as words, not spelled byte by byte; a single-turn env adds nothing."""
     from areal_agents.data import load_dataset_rows
     from areal_agents.gym.registration import make_env
-    from trainers.sft import _probe_replies
+    from trainers.tiny_corpus import probe_replies
 
     cfg = load_config(overrides=["env.name=countdown"])
     rows = load_dataset_rows(cfg, "train")
-    replies = _probe_replies(make_env("countdown"), rows, n=8)
+    replies = probe_replies(make_env("countdown"), rows, n=8)
     assert "Invalid expression." in replies
     assert any(r.startswith("Use only ") for r in replies) and len(replies) == 16
     math_rows = load_dataset_rows(load_config(overrides=["env.name=math"]), "train")
-    assert _probe_replies(make_env("math"), math_rows, n=8) == []
+    assert probe_replies(make_env("math"), math_rows, n=8) == []
 
     class Broken(type(make_env("countdown"))):  # fault injection: an env whose step fails
         def play_turn(self, action: str, row: dict[str, Any]) -> Any:
             raise RuntimeError("boom")
 
-    assert _probe_replies(Broken(), rows, n=4) == []
+    assert probe_replies(Broken(), rows, n=4) == []
     with pytest.warns(RuntimeWarning, match="took over 0 s; kept the first 0"):
-        assert _probe_replies(make_env("countdown"), rows, n=8, budget_s=0.0) == []
+        assert probe_replies(make_env("countdown"), rows, n=8, budget_s=0.0) == []
