@@ -10,6 +10,10 @@ first); the steps, each a subprocess with its own time limit inside one overall 
 3. ``parity``: the embedded server samples completions with logprobs; the trainer
    recomputes them on the same tokens (bfloat16); the gap between the two.
 4. ``bench_trainer`` and ``bench_inference_server`` on the device.
+5. ``sizes``: ``bench_sizes`` (Qwen2.5-1.5B- and 0.5B-shaped models with random weights, 4k-token
+   sequences: trainer tokens/s, MFU and peak memory with activation checkpointing off and on,
+   full-model weight sync by disk and gloo, server decode vs batched ``generate``), one summary
+   line per size; with ``--quick`` a 2-layer miniature of the same architecture.
 
     python benchmarks/gpu_check.py [--device cuda] [--out DIR] [--quick]
     python benchmarks/gpu_check.py deps            # exit 1 (listing them) if requirements are missing
@@ -33,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGET_S = 450.0  # the whole check stays under 8 minutes on a GPU
+BUDGET_S = 540.0  # the whole check stays under 9 minutes on a GPU (the sizes step took it from 450)
 CPU_BUDGET_S = 1200.0  # the dry run: a small CPU shared with other work takes longer
-STEP_LIMITS_S = {"device": 60.0, "rl": 300.0, "parity": 150.0, "bench_trainer": 150.0, "bench_inference_server": 150.0}
+STEP_LIMITS_S = {"device": 60.0, "rl": 300.0, "parity": 150.0, "bench_trainer": 150.0, "bench_inference_server": 150.0,
+                 "sizes": 270.0}  # fmt: skip
 RUN_ARGS = ["inference.device={device}", "trainer.device={device}", "actor.dtype=bfloat16",
             "actor.grad_reduce_dtype=float32", "logging.progress=false", "logging.plots=false",
             "logging.tensorboard=false", "trainer.save_every=0", "trainer.recover=disabled"]  # fmt: skip
@@ -168,16 +173,23 @@ def _parity(device: str, out: Path, quick: bool) -> dict[str, Any]:
     return result
 
 
-def _bench(name: str, device: str, out: Path, quick: bool) -> dict[str, Any]:
+def _bench(name: str, device: str, out: Path, quick: bool, limit: float | None = None) -> dict[str, Any]:
     small = {"bench_trainer": ["--steps", "1", "--batch", "8"],
-             "bench_inference_server": ["--requests", "8", "--new-tokens", "8", "--repeats", "1"]}  # fmt: skip
-    cmd = [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--device", device,
-           "--output", str(out / f"{name}.json"), *(small[name] if quick else [])]  # fmt: skip
+             "bench_inference_server": ["--requests", "8", "--new-tokens", "8", "--repeats", "1"],
+             "sizes": ["--sizes", "mini", "--seq-len", "256", "--batch", "2", "--steps", "1", "--requests", "8",
+                       "--new-tokens", "8", "--min-part-s", "5"]}  # fmt: skip
+    script = "bench_sizes" if name == "sizes" else name
+    budget = ["--budget", str(max(30.0, limit - 20))] if name == "sizes" and limit else []  # then it skips parts
+    cmd = [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--device", device,
+           "--output", str(out / f"{name}.json"), *budget, *(small[name] if quick else [])]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    data = json.loads((out / f"{name}.json").read_text()) if (out / f"{name}.json").is_file() else {}
     if proc.returncode != 0:
-        raise RuntimeError(f"{name} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}")
-    data = json.loads((out / f"{name}.json").read_text())
+        why = " | ".join(data.get("lines", [])) or (proc.stderr or proc.stdout).strip()
+        raise RuntimeError(f"{name} exited {proc.returncode}: {why[-300:]}")
+    if name == "sizes":  # a line per size in the summary
+        return {"mfu_target_met": data["target"]["met"], "lines": data["lines"]}
     keys = {"bench_trainer": ("engine_tokens_per_s", "plain_padded_tokens_per_s", "speedup_train_only_vs_plain",
                               "engine_peak_mem_mb"),
             "bench_inference_server": ("server_tokens_per_s", "generate_tokens_per_s", "ratio")}  # fmt: skip
@@ -194,7 +206,7 @@ def _step(name: str, args: argparse.Namespace) -> None:
     elif name == "parity":
         res = _parity(args.device, out, args.quick)
     else:
-        res = _bench(name, args.device, out, args.quick)
+        res = _bench(name, args.device, out, args.quick, args.limit)
     print("RESULT " + json.dumps(res))
 
 
@@ -208,9 +220,9 @@ def run_all(args: argparse.Namespace) -> int:
         if left < 5:
             summary["steps"][name] = {"status": "skipped", "why": "out of time"}
             continue
-        cmd = [sys.executable, __file__, "--device", args.device, "--out", str(out), "--step", name,
-               *(["--quick"] if args.quick else [])]  # fmt: skip
         limit = min(left, STEP_LIMITS_S[name] * args.budget / BUDGET_S)
+        cmd = [sys.executable, __file__, "--device", args.device, "--out", str(out), "--step", name,
+               "--limit", f"{limit:.0f}", *(["--quick"] if args.quick else [])]  # fmt: skip
         start = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT)
@@ -239,9 +251,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"GPU check on {summary['device']}{' (quick dry run)' if summary['quick'] else ''}: "
              f"{'all steps ok' if summary['ok'] else 'FAILED'} in {summary['total_s']:.0f} s"]  # fmt: skip
     for name, s in summary["steps"].items():
-        details = {k: v for k, v in s.items() if k not in ("status", "seconds", "command", "final_model")}
+        details = {k: v for k, v in s.items() if k not in ("status", "seconds", "command", "final_model", "lines")}
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in details.items())
         lines.append(f"  {name:<24} {s['status']:<8} {s.get('seconds', 0):>6.1f} s  {shown}")
+        lines += [f"    {line}" for line in s.get("lines", [])]
     return "\n".join(lines)
 
 
@@ -258,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="results dir (default benchmarks/results/gpu_check_DEVICE)")
     ap.add_argument("--quick", action="store_true", help="tiny budgets (the default on --device cpu)")
     ap.add_argument("--budget", type=float, help=f"seconds for all steps together (default {BUDGET_S:.0f} on cuda, "
-                    f"{CPU_BUDGET_S:.0f} on cpu); each step's limit scales with it")
+                    f"{CPU_BUDGET_S:.0f} on cpu); each step's limit scales with it")  # fmt: skip
     ap.add_argument("--step", choices=list(STEP_LIMITS_S), help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=float, help=argparse.SUPPRESS)  # the step's seconds (the sizes step fits in them)
     args = ap.parse_args(argv)
     args.quick = args.quick or args.device == "cpu"
     args.out = args.out or str(ROOT / "benchmarks" / "results" / f"gpu_check_{args.device}")

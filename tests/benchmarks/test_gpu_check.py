@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["device", "rl", "parity", "bench_trainer", "bench_inference_server"]
+STEPS = ["device", "rl", "parity", "bench_trainer", "bench_inference_server", "sizes"]
 
 
 def test_the_wheelhouse_holds_every_requirement_but_torch() -> None:
@@ -49,6 +49,28 @@ def test_cpu_dry_run_runs_every_step(tmp_path: Path) -> None:
         data = json.loads((out / f"{name}.json").read_text())
         assert data["device"] == "cpu"
     assert steps["bench_trainer"]["engine_tokens_per_s"] > 0 and steps["bench_inference_server"]["ratio"] > 0
+    sizes = json.loads((out / "sizes.json").read_text())  # the miniature: every part ran, no MFU on a CPU
+    mini = sizes["sizes"]["mini"]
+    assert sizes["ok"] and set(mini) >= {"train", "weight_sync", "decode"} and "skipped" not in mini
+    assert steps["sizes"]["mfu_target_met"] is None and steps["sizes"]["lines"] == sizes["lines"]
     lines = proc.stdout.strip().splitlines()
-    assert lines[-6].startswith("GPU check on cpu (quick dry run): all steps ok")
-    assert [ln.split()[0] for ln in lines[-5:]] == STEPS and all(ln.split()[1] == "ok" for ln in lines[-5:])
+    head = max(i for i, ln in enumerate(lines) if ln.startswith("GPU check on"))
+    assert lines[head].startswith("GPU check on cpu (quick dry run): all steps ok")
+    rows = [ln for ln in lines[head + 1 :] if not ln.startswith("    ")]
+    assert [ln.split()[0] for ln in rows] == STEPS and all(ln.split()[1] == "ok" for ln in rows)
+    assert [ln.strip() for ln in lines[head + 1 :] if ln.startswith("    ")] == sizes["lines"]  # a line per size
+
+
+def test_the_summary_gives_each_size_a_line() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    sys.path.pop(0)
+    summary = {"device": "cuda", "quick": False, "ok": True, "total_s": 400.0, "steps": {
+        "device": {"status": "ok", "seconds": 4.0, "gpu": "NVIDIA H200"},
+        "sizes": {"status": "ok", "seconds": 200.0, "mfu_target_met": True, "lines": ["1.5b (...)", "0.5b (...)"]}}}  # fmt: skip
+    assert gpu_check.format_summary(summary).splitlines()[1:] == [
+        "  device                   ok          4.0 s  gpu=NVIDIA H200",
+        "  sizes                    ok        200.0 s  mfu_target_met=True", "    1.5b (...)", "    0.5b (...)"]  # fmt: skip
+    assert list(gpu_check.STEP_LIMITS_S) == STEPS and gpu_check.STEP_LIMITS_S["sizes"] <= 300
+    assert sum(gpu_check.STEP_LIMITS_S.values()) > gpu_check.BUDGET_S <= 540  # steps share one budget, under 9 minutes
