@@ -28,6 +28,7 @@ from areal_agents.failures import UserError
 from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError
 from areal_agents.rewards.worker import check_not_in_worker
+from areal_agents.runtime.cpus import yield_idle_threads
 from areal_agents.runtime.stopping import Terminated, stop_on_signals
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
     check_not_in_worker()  # an unguarded script, imported by a reward worker for a reward defined in it
+    yield_idle_threads()  # before any command imports torch
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
