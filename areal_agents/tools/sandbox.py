@@ -125,9 +125,15 @@ if pid == 0:
         exec(compile(source, "main.py", "exec"), {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
     except SystemExit:
         raise
-    except BaseException as exc:  # as the interpreter reports an uncaught exception, minus this frame
-        import traceback
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+    except BaseException as exc:  # the interpreter's own report of an uncaught exception, minus this frame
+        exc = exc.with_traceback(exc.__traceback__.tb_next)
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):  # ends by SIGINT, as the interpreter does
+            import signal
+            sys.stdout.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            sys.exit(130)  # still here: the PID namespace's init ignores it
         sys.exit(1)
     sys.exit(0)
 os.close(cfg["status_fd"])

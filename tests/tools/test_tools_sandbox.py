@@ -247,6 +247,9 @@ def test_the_code_runs_as_a_main_script_would() -> None:
     assert r.stderr.splitlines()[0] == "Traceback (most recent call last):"
     assert 'File "main.py", line 6, in <module>' in r.stderr and 'File "main.py", line 4, in f' in r.stderr
     assert "<string>" not in r.stderr and r.stderr.strip().endswith("ZeroDivisionError: division by zero")
+    r = run_python("prin(3)")
+    assert r.stderr.strip().splitlines()[-1] == "NameError: name 'prin' is not defined. Did you mean: 'print'?"
+    assert run_python("raise KeyboardInterrupt").exit_code == 130
 
 
 def test_installed_packages_only_when_asked() -> None:
