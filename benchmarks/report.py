@@ -1,10 +1,11 @@
-"""Build the performance table of docs/benchmarks.md and the async-vs-sync chart from ``benchmarks/results/*.json``.
+"""Build the performance table of docs/benchmarks.md and its charts from ``benchmarks/results/*.json``.
 
     python benchmarks/report.py [--results DIR] [--readme docs/benchmarks.md] [--check]
 
 Reads the JSON each ``bench_*.py`` wrote (nothing is re-measured), writes the table between
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in the README (nothing outside the
-markers changes) and ``async_vs_sync.png`` into the results dir. Every ratio compares two
+markers changes), ``async_vs_sync.png`` and, from ``envs.json``, ``envs.png`` (greedy success by
+RL step, every seed of every env's default command) into the results dir. Every ratio compares two
 figures measured side by side in the same invocation of one script. The machine line comes
 from ``machine.json`` (written by ``run_all.py``) or, without it, from this machine.
 ``--check`` exits 1 when the README block differs from what the results give.
@@ -22,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Row", "build_rows", "machine_line", "main", "plot_async_vs_sync", "render_block", "replace_block"]
+__all__ = ["Row", "build_rows", "machine_line", "main", "plot_async_vs_sync", "plot_env_evals", "render_block",
+           "replace_block"]
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 CHART = "async_vs_sync.png"
+ENVS_CHART = "envs.png"
 
 
 @dataclass
@@ -184,6 +187,23 @@ def replace_block(text: str, block: str) -> str:
     return f"{head}{START}\n{block}\n{END}{tail}"
 
 
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file backend, imported only where a chart is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: Path) -> None:
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    _pyplot().close(fig)
+
+
 def plot_async_vs_sync(results: Path, out: Path) -> bool:
     """Bar chart of sync vs async wall time for each ``rollout_async*.json``; False if none."""
     runs = []
@@ -194,11 +214,7 @@ def plot_async_vs_sync(results: Path, out: Path) -> bool:
             runs.append((label, d["sync"]["wall_s"], d["async"]["wall_s"], d["async"]["eta"], d["bound"]))
     if not runs:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.38
     for i, (_label, sync_s, async_s, eta, bound) in enumerate(runs):
@@ -210,10 +226,37 @@ def plot_async_vs_sync(results: Path, out: Path) -> bool:
     ax.set_ylabel("wall time for the same RL steps (s)")
     ax.set_title("Asynchronous vs synchronous RL, same workload")
     ax.legend(loc="upper right")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
+    return True
+
+
+def plot_env_evals(results: Path, out: Path) -> bool:
+    """One panel per env of ``envs.json`` (``math`` first): greedy success at each eval of each
+    seed's run against its RL step, the 0.80 end level of the envs' bar dotted; False without the file."""
+    path = results / "envs.json"
+    if not path.is_file():
+        return False
+    envs = json.loads(path.read_text())["envs"]
+    names = sorted(envs, key=lambda name: (name != "math", name))
+    plt = _pyplot()
+    cols = min(3, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.7 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        for run in envs[name]["runs"]:
+            if run.get("ok"):
+                steps, success = zip(*run["evals"], strict=True)
+                ax.plot(steps, success, marker="o", markersize=3, label=f"seed {run['seed']}")
+        ax.axhline(0.8, color="tab:gray", linestyle=":", linewidth=1)
+        ax.set_title(f"{name} ({envs[name]['date']})", fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.supxlabel("RL step", fontsize=9)
+    fig.supylabel("greedy success, held-out rows", fontsize=9)
+    _save(fig, out)
     return True
 
 
@@ -233,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {problem}", file=sys.stderr)
     chart_path = results / CHART
     has_chart = plot_async_vs_sync(results, chart_path) if not args.check else chart_path.is_file()
+    has_envs_chart = not args.check and plot_env_evals(results, results / ENVS_CHART)
     try:
         chart = os.path.relpath(chart_path, readme.resolve().parent) if has_chart else None
         text = readme.read_text(encoding="utf-8")
@@ -249,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     readme.write_text(new, encoding="utf-8")
-    print(f"{readme}: {len(rows)} benchmark rows" + (f", chart {chart_path}" if has_chart else ""))
+    print(f"{readme}: {len(rows)} benchmark rows" + (f", chart {chart_path}" if has_chart else "")
+          + (f", chart {results / ENVS_CHART}" if has_envs_chart else ""))
     return 0
 
 

@@ -36,9 +36,17 @@ def _write_results(results: Path) -> None:
         "measured_at": "2026-01-02 03:04 UTC", "loadavg_before": [1.5, 1.0, 1.0]}))
 
 
+def _write_envs(results: Path) -> None:
+    run = {"env": "math", "seed": 1, "ok": True, "evals": [[0, 0.5], [50, 0.8]]}
+    (results / "envs.json").write_text(json.dumps({"envs": {
+        "countdown": {"date": "2026-01-02", "runs": [{**run, "env": "countdown"}, {"seed": 2, "ok": False}]},
+        "math": {"date": "2026-01-01", "runs": [run, {**run, "seed": 2, "evals": [[0, 0.5], [50, 0.1]]}]}}}))
+
+
 def test_report_writes_the_table_between_the_markers_only(tmp_path: Path) -> None:
     results, readme = tmp_path / "results", tmp_path / "README.md"
     _write_results(results)
+    _write_envs(results)
     readme.write_text(README)
     proc = _report("--results", str(results), "--readme", str(readme))
     assert proc.returncode == 0, proc.stderr
@@ -56,6 +64,8 @@ def test_report_writes_the_table_between_the_markers_only(tmp_path: Path) -> Non
     assert "| 20.0 s wall | synchronous: 30.0 s | 1.50× | ≥ 0.8 of bound 1.80× | yes |" in rows[3]
     assert "![async vs sync wall time](results/async_vs_sync.png)" in block
     assert (results / "async_vs_sync.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (results / "envs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # every env's eval curves
+    assert "chart " + str(results / "envs.png") in proc.stdout
     # idempotent, and --check agrees; a hand edit inside the block makes --check fail
     assert _report("--results", str(results), "--readme", str(readme)).returncode == 0
     assert readme.read_text() == text
@@ -159,6 +169,7 @@ def test_report_errors_are_one_line(tmp_path: Path) -> None:
     readme.write_text("# no markers\n")
     proc = _report("--results", str(results), "--readme", str(readme))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "bench:start" in proc.stderr
+    assert not (results / "envs.png").exists()  # no envs.json, no chart of it
     assert readme.read_text() == "# no markers\n"
     (results / "inference_client.json").write_text("{broken")
     readme.write_text(README)
