@@ -146,7 +146,7 @@ class CountdownEnv(ReferenceMixin, TurnLimitedEnv):
     """
 
     default_dataset = "countdown"
-    # The 2-number game (numbers 1-20): the ~1M-parameter default model cannot search 3-number
+    # The 2-number game (numbers 1-20): the tiny default model cannot search 3-number
     # expressions (a warm start to 0.6 was still at 0.29 after 130 steps; with 1-5, 0.30 after
     # 400), but it learns to use the feedback: try a+b, then a*b, then b-a. Pass count=3
     # (data.kwargs.count=3 / env.kwargs) for the classic game on a larger model.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["MetricsLogger"]
+
+log = logging.getLogger("areal_agents.run")
+NO_TENSORBOARD = ("logging.tensorboard is on but the tensorboard package is not installed: no TensorBoard events "
+                  "(pip install tensorboard, or logging.tensorboard=false to silence this)")
 
 
 def _clean(value: object) -> object:
@@ -38,9 +42,11 @@ class MetricsLogger:
         self._tb: SummaryWriter | None = None
         self._wandb: Any = None
         if cfg.tensorboard:
-            with contextlib.suppress(ImportError):  # tensorboard is optional
+            try:  # tensorboard is optional: without it the run says so once and writes the rest
                 from torch.utils.tensorboard import SummaryWriter
-
+            except ImportError:
+                log.warning(NO_TENSORBOARD)
+            else:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         if cfg.wandb:
             import wandb

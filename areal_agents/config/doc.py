@@ -11,7 +11,7 @@ from typing import Any
 
 from areal_agents.config.loader import config_fields, env_presets
 
-__all__ = ["TUNE_FIRST", "builtin_env_defaults", "config_reference"]
+__all__ = ["TUNE_FIRST", "builtin_algorithm_defaults", "builtin_env_defaults", "config_reference"]
 
 # key -> why a user changes it first (the default shown next to it comes from the dataclass)
 TUNE_FIRST: dict[str, str] = {
@@ -61,6 +61,28 @@ def builtin_env_defaults() -> dict[str, dict[str, Any]]:
     return found
 
 
+def builtin_algorithm_defaults() -> dict[str, dict[str, Any]]:
+    """What each built-in algorithm sets (its spec's ``defaults``) as flat ``algorithm.KEY -> value``,
+    by name: those registered from the ``algorithms`` package, not a user's."""
+    from areal_agents.registry import algorithms
+
+    return {name: {f"algorithm.{key}": value for key, value in (getattr(algorithms.get(name), "defaults", None) or {}).items()}
+            for name in algorithms.names() if algorithms.where(name).startswith("algorithms.")}
+
+
+def _set_by_algorithms(key: str, by_algorithm: dict[str, dict[str, Any]]) -> str:
+    """`` Set by the algorithm: `False` by dapo, grpo; `True` by decoupled-ppo.`` for a key some
+    built-in algorithm sets, else empty."""
+    names_by_value: dict[str, list[str]] = {}
+    for name, keys in by_algorithm.items():
+        if key in keys:
+            names_by_value.setdefault(repr(keys[key]), []).append(name)
+    if not names_by_value:
+        return ""
+    parts = [f"`{value}` by {', '.join(sorted(names))}" for value, names in sorted(names_by_value.items())]
+    return " Set by the algorithm: " + "; ".join(parts) + "."
+
+
 def _cell(value: Any) -> str:
     return f"`{value!r}`".replace("|", "\\|")
 
@@ -98,18 +120,29 @@ def _per_env(defaults: dict[str, Any]) -> list[str]:
 def config_reference() -> str:
     """The whole ``docs/config.md``: every config key, the keys to tune first and each built-in env's defaults."""
     fields = config_fields()
-    defaults = {key: default for key, _, default, _ in fields}
+    by_algorithm = builtin_algorithm_defaults()
+    algorithm = next(default for key, _, default, _ in fields if key == "algorithm.name")
+    chosen = by_algorithm.get(algorithm, {})  # what the default algorithm puts over the dataclass defaults
+    defaults = {**{key: default for key, _, default, _ in fields}, **chosen}
     lines = ["# Config reference", "",
              "Generated from the dataclasses in `areal_agents/config/` and the built-in envs' defaults and recipes by "
              "`areal-agents config markdown > docs/config.md`; a test fails when this file is stale.",
              "Set any key in a YAML file (`--config`) or as `key=value` on the command line.",
-             *_tune_first(defaults), *_shorthands(), *_per_env(defaults), "", "## Every key"]
+             *_tune_first(defaults), *_shorthands(), *_per_env(defaults), "", "## Every key", "",
+             "The default is the value a run uses when nothing sets the key: the dataclass's, or, marked "
+             f"`(algorithm {algorithm})`, the one the default algorithm (`algorithm.name={algorithm}`) sets over it. "
+             "Another algorithm sets its own (each key's meaning says which); a built-in env may set others "
+             "([per-env defaults](#per-env-defaults)). `areal-agents config show [key=value ...]` prints a run's "
+             "values with where each comes from."]
     section = None
-    for key, type_name, default, help_text in fields:
+    for key, type_name, _, help_text in fields:
         head = key.split(".")[0] if "." in key else "(top level)"
         if head != section:
             section = head
             lines += ["", f"### {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        shown = repr(default).replace("|", "\\|")
-        lines.append(f"| `{key}` | `{type_name.replace('|', 'or')}` | `{shown}` | {help_text.replace('|', '/')} |")
+        shown = f"`{defaults[key]!r}`".replace("|", "\\|")
+        if key in chosen:
+            shown += f" (algorithm {algorithm})"
+        meaning = (help_text + _set_by_algorithms(key, by_algorithm)).replace("|", "/")
+        lines.append(f"| `{key}` | `{type_name.replace('|', 'or')}` | {shown} | {meaning} |")
     return "\n".join(lines) + "\n"
