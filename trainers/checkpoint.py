@@ -22,6 +22,7 @@ import random
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -217,6 +218,26 @@ class Checkpointer:
             diff = ", ".join(f"{k} {saved.get(k)!r} (now {v!r})" for k, v in self.fingerprint.items() if saved.get(k) != v)
             raise CheckpointMismatch(f"{latest} belongs to another run: {diff}")
         return Path(latest)
+
+    def set_aside(self) -> Path | None:
+        """Move the checkpoints of an earlier run out of the way, to ``checkpoints.set-aside-N``
+        beside them (rank 0 moves, every rank waits): a run that starts over would otherwise
+        prune its own new checkpoints in favour of their higher steps, and a later resume would
+        pick theirs. The new path, or None when there were none."""
+        moved = None
+        if tdist.get_rank() == 0 and any(_complete(p) for p in self.root.glob(f"{_PREFIX}*")):
+            n = 1 + sum(1 for _ in self.root.parent.glob(f"{self.root.name}.set-aside-*"))
+            moved = self.root.rename(self.root.with_name(f"{self.root.name}.set-aside-{n}"))
+            print(f"trainer.recover=disabled: the earlier run's checkpoints moved to {moved}", file=sys.stderr)
+        return tdist.broadcast_object(moved)
+
+    def resume_point(self, recover: str) -> Path | None:
+        """The checkpoint a run resumes from: with ``recover="auto"`` the newest (:meth:`latest`);
+        with ``"disabled"`` none, the earlier run's set aside (:meth:`set_aside`)."""
+        if recover == "disabled":
+            self.set_aside()
+            return None
+        return self.latest()
 
     def load_latest(self, engine: TrainEngine) -> Restored | None:
         """Load :meth:`latest` into ``engine``; None if there is no checkpoint."""

@@ -81,9 +81,9 @@ def launch(cfg: ExperimentConfig, argv: Sequence[str]) -> int:
     return 0
 
 
-def _latest_checkpoint(ckpt: Checkpointer) -> Path | None:
+def _resume_point(ckpt: Checkpointer, recover: str) -> Path | None:
     try:
-        return ckpt.latest()
+        return ckpt.resume_point(recover)
     except CheckpointMismatch as exc:
         raise ConfigError("trainer.recover", f"{exc}; set another experiment_name or trial_name, "
                                              "or trainer.recover=disabled to start over") from None
@@ -342,7 +342,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name,
         **({"lora_rank": cfg.actor.lora.rank} if cfg.actor.lora.enabled else {}),
         **({"mode": "online"} if cfg.mode == "online" else {})})
-    resume_from = _latest_checkpoint(ckpt) if cfg.trainer.recover == "auto" and cfg.mode in ("full", "online") else None
+    resume_from = _resume_point(ckpt, cfg.trainer.recover) if cfg.mode in ("full", "online") else None
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)

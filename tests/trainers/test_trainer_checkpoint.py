@@ -81,6 +81,28 @@ def test_checkpoints_of_another_run_are_refused(model_dir: Path, tmp_path: Path)
     assert Checkpointer(root).latest() == root / "step_00000003"  # no fingerprint asked: any checkpoint
 
 
+def test_starting_over_sets_an_earlier_runs_checkpoints_aside(model_dir: Path, tmp_path: Path) -> None:
+    """``trainer.recover=disabled`` beside a finished run's steps 9 and 10: the new run's steps 1-3
+    stay (keep=2 would otherwise delete them in favour of 9 and 10), and a later resume picks its
+    own step 3, not the old 10; the old checkpoints are kept beside, not deleted."""
+    root = tmp_path / "checkpoints"
+    engine = TrainEngine(make_cfg(), model_dir)
+    for step in (9, 10):
+        Checkpointer(root).save(engine, step=step, version=step)
+    again = Checkpointer(root)
+    assert again.resume_point("auto") == root / "step_00000010"
+    assert again.resume_point("disabled") is None
+    for step in (1, 2, 3):
+        again.save(engine, step=step, version=step)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000002", "step_00000003"]
+    assert Checkpointer(root).resume_point("auto") == root / "step_00000003"
+    aside = tmp_path / "checkpoints.set-aside-1"
+    assert sorted(p.name for p in aside.glob("step_*")) == ["step_00000009", "step_00000010"]
+    assert Checkpointer(root).resume_point("disabled") is None  # a second start-over: a second folder
+    assert (tmp_path / "checkpoints.set-aside-2" / "step_00000003").is_dir() and not root.exists()
+    assert Checkpointer(root).resume_point("disabled") is None  # nothing to set aside
+
+
 def test_sigterm_requests_a_save(model_dir: Path, tmp_path: Path) -> None:
     engine = TrainEngine(make_cfg(), model_dir)
     ckpt = Checkpointer(tmp_path / "ckpt")
