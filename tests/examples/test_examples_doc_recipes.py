@@ -32,6 +32,7 @@ _INSTALL = "install command (the suite runs inside the installed checkout)"
 _TINY_JUDGE = "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_judge_alone_raises_exact_match_accuracy"
 _REWARD_MODEL = "tests/rewards/test_rewards_reward_model_run.py::test_a_reward_model_trained_here_is_served_and_trains_the_policy"
 _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its config is the dataclass defaults"
+_TUTORIAL = "tests/examples/test_examples_tutorial_multiturn.py::test_"  # + the test's name
 
 # doc -> command (its shell words joined by spaces) -> "<test file>::<test name>" that runs or checks it, or "not run: <why>"
 COMMANDS: dict[str, dict[str, str]] = {
@@ -94,6 +95,13 @@ COMMANDS: dict[str, dict[str, str]] = {
             f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
         "areal-agents run --env reverse sft.warm_start_steps=200 trainer.total_steps=40":
             f"{_HERE}::test_quickstart_reverse_package_learns_as_written",
+    },
+    "docs/tutorial_multiturn.md": {
+        "pip install -e .": f"{_TUTORIAL}the_tutorial_trains_as_written",
+        "python -c from areal_agents import check_env, make_env; check_env(make_env('padlock'))":
+            f"{_TUTORIAL}the_tutorial_trains_as_written",
+        "python -m pytest test_padlock.py": f"{_TUTORIAL}the_example_s_tests_pass_against_a_scripted_model",
+        "areal-agents run --env padlock": f"{_TUTORIAL}the_tutorial_trains_as_written",
     },
     "docs/gpu.md": {
         "pip install -e .[sglang]": f"not run: {_INSTALL}",
@@ -210,6 +218,11 @@ PYTHON_BLOCKS: dict[str, dict[str, str]] = {
                   f"{_HERE}::test_readme_env_trains_through_imports"},
     "docs/quickstart.md": {"# my_envs/reverse.py": f"{_HERE}::test_quickstart_reverse_package_learns_as_written"},
     "docs/custom_env.md": {"import asyncio": "tests/docs/test_docs_custom_env.py::test_custom_env_example_runs_verbatim"},
+    "docs/tutorial_multiturn.md": dict.fromkeys((  # examples/padlock's files, run by the example's own tests
+        "# padlock_game/game.py: the rules, shared by every stage", "# padlock_game/once.py: stage 1, one try",
+        "# padlock_game/env.py: stage 2, several tries, each answered by the lock",
+        "    # stage 3: an expert's games, for the tiny model's warm start",
+        "# test_padlock.py: python -m pytest test_padlock.py"), f"{_TUTORIAL}the_example_s_tests_pass_against_a_scripted_model"),
     "docs/record.md": {"from areal_agents.record import load, summary, episode, group":
                        "tests/record/test_record_run.py::test_the_record_holds_what_the_loss_read"},
     "docs/customize.md": {
