@@ -35,18 +35,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from areal_agents.runtime.cpus import usable_cpus
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 TARGET_RATIO = 2.2
 SPIN = "while True: pass"
 QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false"]
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @contextlib.contextmanager
@@ -114,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", nargs="+", default=["sft", "rl"], choices=["sft", "rl"])
     p.add_argument("--rl-args", nargs="*", default=[], help="extra overrides of the RL command (tests shrink it)")
     p.add_argument("--variant", action="append", default=[], help="NAME:KEY=VAL,... (repeatable)")
-    p.add_argument("--busy", type=int, default=usable_cores(), help="spinning processes (default: one per core)")
+    p.add_argument("--busy", type=int, default=usable_cpus(), help="spinning processes (default: one per core)")
     p.add_argument("--out", type=Path, default=RESULTS / "contention.json")
     args = p.parse_args(argv)
     variants = [("default", {}), *(parse_variant(v) for v in args.variant)]
@@ -141,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               f"busy {s['busy_s']['median']:.1f} s ({s['busy_s']['min']:.1f}-{s['busy_s']['max']:.1f}): "
               f"{s['ratio']:.2f}x (fair share 2x, target <= {TARGET_RATIO}x)")
     result = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{platform.machine()}, {usable_cores()} usable cores of {os.cpu_count()}",
+              "machine": f"{platform.machine()}, {usable_cpus()} usable cores of {os.cpu_count()}",
               "loadavg_before": [round(x, 2) for x in load_before], "busy_processes": args.busy,
               "repeats": args.repeats, "sft_steps": args.sft_steps, "target_ratio": TARGET_RATIO,
               "variants": {n: e for n, e in variants}, "summary": summary, "times": times}

@@ -226,7 +226,8 @@ class Checkpointer:
         pick theirs. The new path, or None when there were none."""
         moved = None
         if tdist.get_rank() == 0 and any(_complete(p) for p in self.root.glob(f"{_PREFIX}*")):
-            n = 1 + sum(1 for _ in self.root.parent.glob(f"{self.root.name}.set-aside-*"))
+            taken = [p.name.rsplit("-", 1)[1] for p in self.root.parent.glob(f"{self.root.name}.set-aside-*")]
+            n = 1 + max((int(t) for t in taken if t.isdigit()), default=0)  # after the highest, gaps or not
             moved = self.root.rename(self.root.with_name(f"{self.root.name}.set-aside-{n}"))
             print(f"trainer.recover=disabled: the earlier run's checkpoints moved to {moved}", file=sys.stderr)
         return tdist.broadcast_object(moved)

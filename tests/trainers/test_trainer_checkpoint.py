@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,10 @@ def test_starting_over_sets_an_earlier_runs_checkpoints_aside(model_dir: Path, t
     assert Checkpointer(root).resume_point("disabled") is None  # a second start-over: a second folder
     assert (tmp_path / "checkpoints.set-aside-2" / "step_00000003").is_dir() and not root.exists()
     assert Checkpointer(root).resume_point("disabled") is None  # nothing to set aside
+    shutil.rmtree(aside)  # a user deleted the first: the next goes after the highest left, not into it
+    Checkpointer(root).save(engine, step=1, version=1)
+    assert Checkpointer(root).resume_point("disabled") is None
+    assert (tmp_path / "checkpoints.set-aside-3" / "step_00000001").is_dir()
 
 
 def test_sigterm_requests_a_save(model_dir: Path, tmp_path: Path) -> None:
