@@ -17,6 +17,12 @@ resumes) then start where a user's second run starts. Tests of the build itself 
 ``tiny_model(texts, **kw)`` is :func:`trainers.tiny_model.build_tiny_model` of ``texts``, built once per
 session for each corpus and keywords: the modules that serve or tokenize with the same tiny model
 share one directory, which they only read.
+
+The longest modules run first (:func:`pytest_collection_modifyitems`, from ``tests/durations.json``:
+seconds a test took in a recent whole run, call and setup; refresh it from the ``--durations`` lines a
+run prints), and ``--dist loadscope --no-loadscope-reorder`` (pyproject's addopts) hands the workers
+whole modules in that order as they free up: the other worker takes the short modules while one runs a
+long test, instead of a long test starting last and running alone.
 """
 
 from __future__ import annotations
@@ -61,6 +67,19 @@ from areal_agents.config.loader import load_config
 from trainers.sft import ensure_warm_model
 print(ensure_warm_model(load_config(sys.argv[1] or None, sys.argv[2:]), progress=False, warm_start=True))
 """
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest modules first: by the most seconds one of their tests took (``tests/durations.json``),
+    then modules with a slow-marked test, then the rest, each module whole and in its own order (a
+    stale or missing record only costs wall time, never a result)."""
+    recorded: dict[str, float] = json.loads((ROOT / "tests" / "durations.json").read_text())
+    rank: dict[str, tuple[float, bool]] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        mine = (-recorded.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None)
+        rank[module] = min(rank.get(module, mine), mine)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 
 class WarmCaches:
