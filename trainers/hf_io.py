@@ -23,7 +23,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in D
 """The torch dtype of each dtype name a config accepts (``actor.dtype``, ``sglang.dtype``, ...)."""
 
 _WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
-_SKIP = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+_SKIP = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+         "sft_report.json", "rm_report.json"}  # a report tells of the model it sits beside, not of one trained from it
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

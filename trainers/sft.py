@@ -357,10 +357,7 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     if warm_start:  # the run's episodes play what it teaches: its reference games must fit agent.max_turns
         check_reference_turns(cfg, env, train_rows)
-    multi = bool(test_rows) and is_multi_turn(cfg, env, test_rows[0])  # checked by playing episodes, as evals do
-    exact = bool(stop_at) and not multi and all(reference_completion(env, r) is not None for r in test_rows)
-    if stop_at and not exact:  # frequent greedy checks: a 200-row sample of the eval rows keeps them cheap
-        test_rows = test_rows[:_CHECK_ROWS]
+    exact = bool(stop_at) and all(reference_completion(env, r) is not None for r in test_rows)
 
     base = tiny_model_dir(cfg.env.name)  # where ensure_env_tiny_model builds it
     out = Path(sft.output_dir) if sft.output_dir else cache_dir() / "warm" / f"{cfg.env.name}-{_warm_key(cfg, base, train_rows)}"
@@ -373,31 +370,45 @@ def ensure_warm_model(cfg: ExperimentConfig, *, progress: bool = True, warm_star
     if not examples:
         raise ConfigError("actor.path", f"env {cfg.env.name!r} gives no reference_completion for its rows, so the "
                           "tiny default model cannot be warm-started on it: set actor.path to a model")
-    eval_fn: Callable[[TrainEngine], dict[str, float]] | None = None
-    check = "exact_match" if exact else "episodes" if multi else "greedy"
-    # the rendered eval rows, for the checks that run the model here (an episode check renders its own)
-    test_examples, test_prompts = ([], []) if multi else render_examples(cfg, tokenizer, env, test_rows)
     with contextlib.ExitStack() as stack:
-        if exact:  # band checks: teacher-forced, one forward pass
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-            def eval_fn(engine: TrainEngine) -> dict[str, float]:
-                return {"acc": exact_match_accuracy(engine.model, test_examples, pad)}
-        elif multi:
-            eval_fn = stack.enter_context(episode_check(cfg, base, tokenizer, test_rows, out.with_name(f".{out.name}-check")))
-        elif test_rows:
-            def eval_fn(engine: TrainEngine) -> dict[str, float]:
-                return {"acc": greedy_accuracy(engine.model, tokenizer, env, test_rows, test_prompts,
-                                               max_new_tokens=cfg.sampling.max_new_tokens)}
+        eval_fn, check = _checker(cfg, base, tokenizer, env, test_rows, out, stack, exact=exact, sample=bool(stop_at))
         report = sft_train(base, examples, sft, out, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn, progress=progress,
                            seed=cfg.seed, stop_at=stop_at)
+    _write_report(out, report, stop_at=stop_at, check=check, base=base)
+    return out
+
+
+def _checker(cfg: ExperimentConfig, base: str | os.PathLike[str], tokenizer: Any, env: Any, test_rows: list[dict[str, Any]],
+             out: Path, stack: contextlib.ExitStack, *, exact: bool, sample: bool
+             ) -> tuple[Callable[[TrainEngine], dict[str, float]] | None, str]:
+    """The check an SFT runs on the eval rows, and its name: teacher-forced exact match (``exact``,
+    single-turn rows with references: one forward pass), episodes played on a server of the model
+    being trained (multi-turn envs, under ``stack``), or greedy decoding; ``sample`` keeps the
+    frequent checks of a warm start cheap (the first 200 eval rows when not exact)."""
+    multi = bool(test_rows) and is_multi_turn(cfg, env, test_rows[0])  # checked by playing episodes, as evals do
+    if sample and not (exact and not multi):
+        test_rows = test_rows[:_CHECK_ROWS]
+    if not test_rows:
+        return None, "none"
+    if exact and not multi:  # band checks: teacher-forced, one forward pass
+        test_examples, _ = render_examples(cfg, tokenizer, env, test_rows)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return (lambda engine: {"acc": exact_match_accuracy(engine.model, test_examples, pad)}), "exact_match"
+    if multi:
+        return stack.enter_context(episode_check(cfg, Path(base), tokenizer, test_rows, out.with_name(f".{out.name}-check"))), "episodes"
+    _, test_prompts = render_examples(cfg, tokenizer, env, test_rows)
+    return (lambda engine: {"acc": greedy_accuracy(engine.model, tokenizer, env, test_rows, test_prompts,
+                                                   max_new_tokens=cfg.sampling.max_new_tokens)}), "greedy"
+
+
+def _write_report(out: Path, report: SFTReport, *, stop_at: float | None, check: str, base: str | os.PathLike[str]) -> None:
+    """``out/sft_report.json``: steps, whether ``stop_at`` was reached, seconds, final loss, the checks (atomic)."""
     summary = {"steps": len(report["loss"]), "target": stop_at, "reached": report["stopped_early"],
                "seconds": round(report["seconds"], 1), "final_loss": report["loss"][-1] if report["loss"] else None,
                "check": check, "evals": report["evals"], "base_model": str(base)}
     tmp = out / ".sft_report.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "sft_report.json")
-    return out
 
 
 def run_sft(cfg: ExperimentConfig) -> Path:
@@ -414,7 +425,11 @@ def run_sft(cfg: ExperimentConfig) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor.path)
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     examples, _ = render_examples(cfg, tokenizer, env, load_dataset_rows(cfg, "train"))
+    test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n or cfg.data.test_size] if cfg.sft.eval_every else []
     path = Path(cfg.sft.output_dir or Path(cfg.run_dir) / "sft")
-    sft_train(cfg.actor.path, examples, cfg.sft, path, cfg=cfg, tokenizer=tokenizer, progress=cfg.logging.progress,
-              seed=cfg.seed)
+    with contextlib.ExitStack() as stack:
+        eval_fn, check = _checker(cfg, cfg.actor.path, tokenizer, env, test_rows, path, stack, exact=False, sample=False)
+        report = sft_train(cfg.actor.path, examples, cfg.sft, path, cfg=cfg, tokenizer=tokenizer, eval_fn=eval_fn,
+                           progress=cfg.logging.progress, seed=cfg.seed)
+    _write_report(path, report, stop_at=None, check=check, base=cfg.actor.path)
     return path

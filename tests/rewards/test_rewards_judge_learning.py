@@ -2,7 +2,8 @@
 math-grading``), its grading accuracy measured on held-out pairs (``areal-agents eval --env
 math-grading``), then the policy trains on ``math`` with **only** the judge's reward (``math-judge``,
 one judge call an episode), while its evals keep scoring exact answers (``eval.env_kwargs.reward=math``),
-the truth the judge never sees: 100 steps must raise that exact-match greedy accuracy by 15 points."""
+the truth the judge never sees: 60 steps must raise that exact-match greedy accuracy by 15 points (the
+recipe's 100 steps measured +35.8, +26.8 by step 50: docs/benchmarks-archive.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=false"]
-SETTINGS = ["trainer.total_steps=100", "trainer.save_every=0", "eval.every=50"]  # the math recipe's, 100 steps
+SETTINGS = ["trainer.total_steps=60", "trainer.save_every=0", "eval.every=30"]  # the math recipe's, 60 steps
 
 
 def cli(cache: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
@@ -56,7 +57,7 @@ def report(name: str, judge_accuracy: float, rows: list[dict[str, Any]]) -> tupl
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # the judge's SFT (2,500 steps) and 100 RL steps, beside the rest of the suite
+@pytest.mark.timeout(3600)  # the judge's SFT (2,500 steps) and 60 RL steps, beside the rest of the suite
 def test_a_tiny_judge_alone_raises_exact_match_accuracy(tmp_path: Path, warm_caches: Any) -> None:
     judge, accuracy = make_judge(tmp_path / "cache", tmp_path / "judge")
     assert accuracy >= 0.9, f"the judge grades {accuracy:.3f} of the held-out pairs right"

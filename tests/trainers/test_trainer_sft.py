@@ -11,7 +11,7 @@ import torch
 
 from areal_agents.config import ConfigError, SFTConfig
 from areal_agents.config.loader import load_config
-from trainers.sft import _trajectory, ensure_warm_model, exact_match_accuracy, sft_loss, sft_train
+from trainers.sft import _trajectory, ensure_warm_model, exact_match_accuracy, run_sft, sft_loss, sft_train
 from trainers.tiny_model import build_tiny_model
 
 
@@ -202,3 +202,17 @@ def test_the_tokenizer_corpus_has_what_an_env_answers_to_wrong_replies() -> None
     assert probe_replies(Broken(), rows, n=4) == []
     with pytest.warns(RuntimeWarning, match="took over 0 s; kept the first 0"):
         assert probe_replies(make_env("countdown"), rows, n=8, budget_s=0.0) == []
+
+
+def test_fine_tuning_a_model_reports_its_own_steps_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sft`` with ``actor.path`` checks greedy accuracy every ``sft.eval_every`` steps and writes its
+    own ``sft_report.json``: the base's report (a warm start's) is not carried into the new model."""
+    monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
+    base = ensure_warm_model(load_config(None, ["env.name=math", "sft.steps=3", "sft.batch_size=4", "sft.eval_every=0",
+                                                "data.test_size=8"]), progress=False)
+    assert json.loads((base / "sft_report.json").read_text())["steps"] == 3
+    out = run_sft(load_config(None, ["env.name=math", f"actor.path={base}", "sft.steps=4", "sft.batch_size=4",
+                                     "sft.eval_every=2", "data.test_size=8", f"sft.output_dir={tmp_path / 'tuned'}"]))
+    report = json.loads((out / "sft_report.json").read_text())
+    assert (report["steps"], report["check"], report["base_model"]) == (4, "greedy", str(base))
+    assert [e["step"] for e in report["evals"]] == [2, 4] and all(0.0 <= e["acc"] <= 1.0 for e in report["evals"])
