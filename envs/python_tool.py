@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from areal_agents.env import ReferenceMixin, RewardMixin, TextSpace, TurnLimitedEnv
 from areal_agents.tools.sandbox import run_python
@@ -20,9 +20,12 @@ class PythonToolEnv(RewardMixin, ReferenceMixin, TurnLimitedEnv):
 
     A ``<python>`` without ``</python>`` gets ``Tool error: close the code with </python>.``;
     a tool run that times out says ``Timed out.`` in its output. ``max_turns`` replies truncate.
-    A run's settings: ``envs/recipes/python-tool.yaml``.
+    Sampling at temperature 0.7 (``default_config``): at 1.0 a tiny model that calls the tool right
+    miscopies its output into the answer in most sampled episodes. A run's settings:
+    ``envs/recipes/python-tool.yaml``.
     """
 
+    default_config: ClassVar[dict[str, Any]] = {"sampling": {"temperature": 0.7}}
     default_dataset = "arithmetic"
     default_dataset_kwargs = {"ops": ["*"], "template": "{a}{op}{b}=?"}
     action_space = TextSpace(probes=("<python>print(6*7)</python>", "42", "", "<python>print(", "The answer is \\boxed{7}."))
