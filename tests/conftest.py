@@ -10,7 +10,8 @@ CI run means a code change. Locally each run draws new examples and replays fail
 ``.hypothesis/``.
 
 ``warm_cache(recipe)`` gives a test its own copy of a model cache that already holds the tiny
-model and its SFT warm start for one of :data:`WARM_RECIPES`, built once per session: the runs
+model and its SFT warm start for one of :data:`WARM_RECIPES`, built once per test run (the workers
+of ``-n N`` share it): the runs
 of tests whose subject is not the first run's build (an example that trains, a killed run that
 resumes) then start where a user's second run starts. Tests of the build itself keep an empty cache.
 
@@ -27,6 +28,7 @@ long test, instead of a long test starting last and running alone.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -90,14 +92,19 @@ class WarmCaches:
         self.filled: dict[str, Path] = {}
 
     def get(self, recipe: str) -> Path:
-        """The session's cache for ``recipe``, built by the warm start on first use (read it, never write)."""
+        """The session's cache for ``recipe``, built by the warm start on first use (read it, never write).
+        The workers of one ``pytest -n N`` share the caches: the first to ask builds one under a lock."""
         if recipe not in self.filled:
             config, overrides = WARM_RECIPES[recipe]
             cache = self.root / recipe
-            env = {**os.environ, "AREAL_AGENTS_CACHE": str(cache)}
-            proc = subprocess.run([sys.executable, "-c", _FILL, config or "", *overrides], cwd=ROOT, env=env,
-                                  capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, f"warm start {recipe!r} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            with open(self.root / f"{recipe}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if not (cache / "warm").is_dir():
+                    shutil.rmtree(cache, ignore_errors=True)  # a build that failed part-way
+                    env = {**os.environ, "AREAL_AGENTS_CACHE": str(cache)}
+                    proc = subprocess.run([sys.executable, "-c", _FILL, config or "", *overrides], cwd=ROOT, env=env,
+                                          capture_output=True, text=True, timeout=900)
+                    assert proc.returncode == 0, f"warm start {recipe!r} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             assert (cache / "warm").is_dir() and len(list((cache / "warm").iterdir())) == 1, list(cache.rglob("*"))
             self.filled[recipe] = cache
         return self.filled[recipe]
@@ -111,6 +118,10 @@ def _entries(cache: Path) -> set[str]:
 
 @pytest.fixture(scope="session")
 def warm_caches(tmp_path_factory: pytest.TempPathFactory) -> WarmCaches:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one directory for all the workers of this run
+        root = tmp_path_factory.getbasetemp().parent / "warm-caches"
+        root.mkdir(exist_ok=True)
+        return WarmCaches(root)
     return WarmCaches(tmp_path_factory.mktemp("warm-caches"))
 
 
