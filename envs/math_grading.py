@@ -16,7 +16,7 @@ the verdict alone is scored, :func:`verdict_reward`).
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, ClassVar
 
 from areal_agents.data import arithmetic_dataset
 from areal_agents.rewards import GroupJudge, Judge, JudgeError, RewardModel, parse_group_scores
@@ -31,15 +31,16 @@ RUBRIC = "Check: {prompt}{completion}"
 MATH_JUDGE = Judge(RUBRIC, scale="yes/no", after="Verdict:", max_tokens=12)
 """The reward ``math-judge``: 1.0 when the run's judge model (``judge.model_path``) says yes."""
 
-GROUP_RUBRIC = "Check:{completions} for {prompt}"
-"""The question a group judge for ``math`` is asked: the group's answers labelled, then the row's
-prompt (``"Check: a) 82 b) 81 c) 82 for 37+45="``): the sum last, next to where the judge writes
-it out (asked first, a tiny judge took the most common answer for the sum)."""
+GROUP_RUBRIC = "Check: {prompt}{completions}"
+"""The question a group judge for ``math`` is asked: the row's prompt, then the group's answers
+labelled (``"Check: 37+45= a) 82 b) 81 c) 79"``): the sum where the one-answer rubric has it, so a
+judge fine-tuned from the one-answer judge works it out as before (asked last, among the answers,
+a tiny judge got the sum right in 0.68 of 200 groups of up to 4; asked first, 0.92)."""
 
 MATH_GROUP_JUDGE = GroupJudge(GROUP_RUBRIC, scale="verdicts", after="Right:", item=" {label}) {completion}",
                               separator="", distinct=True, max_tokens=160)
 """The group reward ``math-group-judge``: one call for a group's answers, the judge's yes (1.0) or no
-(0.0) to each, after quoting it (``"82. Right: a 82 yes b 81 no c 82 yes"``): quoting each answer
+(0.0) to each, after quoting it (``"82. Right: a 82 yes b 81 no c 79 no"``): quoting each answer
 beside its label is what lets a tiny judge compare it with the sum (without the quote, a tiny
 judge's verdicts on 8 answers were barely better than saying no to all)."""
 
@@ -93,7 +94,7 @@ def math_grading_dataset(split: str = "train", *, size: int | None = None, seed:
     the most common answer is often wrong (a judge that goes with the majority fails them).
     Rows: ``{"prompt": "Check: 37+45=82", "answer": "82. Verdict: yes", "verdict": "yes",
     "question": "37+45=", "candidate": "82"}``. With ``candidates`` > 1, a group to grade at once,
-    as :data:`MATH_GROUP_JUDGE` asks: ``{"prompt": "Check: a) 82 b) 81 for 37+45=", "answer":
+    as :data:`MATH_GROUP_JUDGE` asks: ``{"prompt": "Check: 37+45= a) 82 b) 81", "answer":
     "82. Right: a 82 yes b 81 no", "verdict": "a 82 yes b 81 no", "candidates": ["82", "81"], ...}``."""
     if not 0.0 <= right_fraction <= 1.0:
         raise ValueError(f"math_grading_dataset: right_fraction must be in [0, 1] (got {right_fraction})")
@@ -152,8 +153,10 @@ def verdict_reward(completion: str, verdict: str | None = None, **row: Any) -> f
 class MathGradingEnv(MathEnv):
     """Single turn: the observation is a grading question (``row["prompt"]``); the reply is scored
     by its verdict alone (:func:`verdict_reward`); its reference is the taught reply. A run's
-    settings (how long the judge's SFT is): ``envs/recipes/math-grading.yaml``."""
+    settings (how long the judge's SFT is): ``envs/recipes/math-grading.yaml``. Replies get up to 96
+    tokens (``default_config``): a group's verdicts, each answer quoted, run past the default 32."""
 
+    default_config: ClassVar[dict[str, Any]] = {"sampling": {"max_new_tokens": 96}}
     default_dataset = "math-grading"
 
     def __init__(self, reward: str = "math-grading-verdict") -> None:

@@ -113,10 +113,11 @@ def ends(env: str) -> Callable[[], str]:
 
 
 def python_tool() -> str:
+    """Where ``python-tool``'s default runs ended and what they gained, lowest–highest, and their seconds."""
     runs = _env("python-tool")["runs"]
-    met, failed = [r for r in runs if r["met"]], [r for r in runs if not r["met"]]
-    return " / ".join([str(len(met)), str(len(runs)), *(f"{r['after']:.3f}" for r in met),
-                       *(f"{r['seed']} / {r['warm_start']['stopped_at']:.2f} / {r['after']:.3f}" for r in failed)])
+    after, gain, secs = (sorted(r[k] for r in runs) for k in ("after", "gain", "seconds"))
+    return " / ".join([f"{after[0]:.3f}", f"{after[-1]:.3f}", f"{100 * gain[0]:.1f}", f"{100 * gain[-1]:.1f}",
+                       _min_s(secs[0]), _min_s(secs[-1])])
 
 
 def unit_convert_table() -> str:
@@ -178,9 +179,9 @@ QUANTITIES = [
              {"README.md": r"`math-multiturn` \(?\+(\d+\.\d) to \+(\d+\.\d) points in (\d+ min \d+ s)–(\d+ min \d+ s)"}),
     *(Quantity(f"where {env}'s default runs ended", ends(env), {"README.md": rf"`{env}` \(?(?:ends )?(0\.\d+[–-]0\.\d+)"})
       for env in ("guess-number", "countdown", "unit-convert")),
-    Quantity("python-tool's default runs: met, runs, their ends, the one that was not", python_tool,
-             {"README.md": r"by `python-tool` in (\d) of (\d) \(ends (0\.\d+) and (0\.\d+); seed (\d) warm-started to "
-                           r"(0\.\d+) and collapsed to (0\.\d+)\)"}),
+    Quantity("python-tool's default runs: their ends, gains and times", python_tool,
+             {"README.md": r"by `python-tool` \(ends (0\.\d+)–(0\.\d+), \+(\d+\.\d) to \+(\d+\.\d) points, in "
+                           r"(\d+ min \d+ s)–(\d+ min \d+ s)\)"}),
     Quantity("unit-convert's default run, seed by seed", unit_convert_table,
              {"docs/byo_agent.md": r"Learning figure: .*?\n\|---\|---\|---\|---\|\n(.*?)\n\n"}),
     Quantity("async RL against a plain loop: time to 0.90, its ratio, generated samples/s", async_vs_sync,

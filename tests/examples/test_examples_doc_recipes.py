@@ -30,6 +30,7 @@ _HERE = "tests/examples/test_examples_doc_recipes.py"
 CUSTOM_ENV = ROOT / "examples" / "custom_env"  # the quickstart's package, file for file
 _INSTALL = "install command (the suite runs inside the installed checkout)"
 _TINY_JUDGE = "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_judge_alone_raises_exact_match_accuracy"
+_GROUP_JUDGE = "tests/rewards/test_rewards_judge_learning.py::test_a_tiny_group_judge_alone_raises_exact_match_accuracy"
 _REWARD_MODEL = "tests/rewards/test_rewards_reward_model_run.py::test_a_reward_model_trained_here_is_served_and_trains_the_policy"
 _DEFAULT_RUN = "the default run (4-5 min): README's figures come from it; its config is the dataclass defaults"
 _TUTORIAL = "tests/examples/test_examples_tutorial_multiturn.py::test_"  # + the test's name
@@ -137,6 +138,11 @@ COMMANDS: dict[str, dict[str, str]] = {
         "areal-agents eval --env math-grading --model judges/math": _TINY_JUDGE,
         "areal-agents run --env math env.kwargs.reward=math-judge judge.model_path=judges/math "
         "eval.env_kwargs.reward=math": _TINY_JUDGE,
+        "areal-agents sft --env math-grading actor.path=judges/math data.kwargs.candidates=4 sft.steps=2000 "
+        "sft.eval_every=0 sft.output_dir=judges/math-group": _GROUP_JUDGE,
+        "areal-agents eval --env math-grading --model judges/math-group data.kwargs.candidates=4": _GROUP_JUDGE,
+        "areal-agents run --env math rollout.group_reward=math-group-judge rollout.group_size=4 "
+        "judge.model_path=judges/math-group eval.env_kwargs.reward=math": _GROUP_JUDGE,
         "areal-agents rm --env math data.name=math-preference reward_model.output_dir=reward_models/math": _REWARD_MODEL,
         "areal-agents run --env math env.kwargs.reward=math-reward-model judge.model_path=reward_models/math "
         "eval.env_kwargs.reward=math": _REWARD_MODEL,

@@ -3,7 +3,9 @@ math-grading``), its grading accuracy measured on held-out pairs (``areal-agents
 math-grading``), then the policy trains on ``math`` with **only** the judge's reward (``math-judge``,
 one judge call an episode), while its evals keep scoring exact answers (``eval.env_kwargs.reward=math``),
 the truth the judge never sees: 60 steps must raise that exact-match greedy accuracy by 15 points (the
-recipe's 100 steps measured +35.8, +26.8 by step 50: docs/benchmarks-archive.md)."""
+recipe's 100 steps measured +35.8, +26.8 by step 50: docs/benchmarks-archive.md). The same judge,
+fine-tuned on groups, is then the only reward of a policy trained in groups of 4 through one judge call
+a group (``math-group-judge``)."""
 
 from __future__ import annotations
 
@@ -29,13 +31,22 @@ def cli(cache: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedP
     return done
 
 
-def make_judge(cache: Path, out: Path, *extra: str) -> tuple[Path, float]:
-    """The judge (SFT as its recipe says) and its grading accuracy on 500 held-out pairs."""
-    cli(cache, "sft", "--env", "math-grading", f"sft.output_dir={out}", f"output_dir={out.parent / 'sft-runs'}", *extra)
+def make_judge(cache: Path, out: Path, *extra: str, tune: tuple[str, ...] = ()) -> tuple[Path, float]:
+    """A judge (SFT as the recipe says, ``tune`` adding keys of the SFT alone) and its grading accuracy
+    on 500 held-out rows (pairs, or groups with ``data.kwargs.candidates`` in ``extra``)."""
+    cli(cache, "sft", "--env", "math-grading", f"sft.output_dir={out}", f"output_dir={out.parent / 'sft-runs'}",
+        *tune, *extra)
     report = out.parent / f"{out.name}-eval.json"
     cli(cache, "eval", "--env", "math-grading", "--model", str(out), "--output", str(report),
         f"output_dir={out.parent / 'eval-runs'}", *extra)
     return out, float(json.loads(report.read_text())["eval/accuracy"])
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """The tiny judge of one answer, made once for this module's tests."""
+    root = tmp_path_factory.mktemp("judge")
+    return make_judge(root / "cache", root / "judge")
 
 
 def train(cache: Path, run_dir: Path, policy: Path, judge: Path, *extra: str) -> list[dict[str, Any]]:
@@ -58,12 +69,33 @@ def report(name: str, judge_accuracy: float, rows: list[dict[str, Any]]) -> tupl
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # the judge's SFT (2,500 steps) and 60 RL steps, beside the rest of the suite
-def test_a_tiny_judge_alone_raises_exact_match_accuracy(tmp_path: Path, warm_caches: Any) -> None:
-    judge, accuracy = make_judge(tmp_path / "cache", tmp_path / "judge")
+def test_a_tiny_judge_alone_raises_exact_match_accuracy(tmp_path: Path, judge: tuple[Path, float],
+                                                         warm_caches: Any) -> None:
+    model, accuracy = judge
     assert accuracy >= 0.9, f"the judge grades {accuracy:.3f} of the held-out pairs right"
     policy = next((warm_caches.get("math") / "warm").glob("math-*"))
-    rows = train(tmp_path / "cache", tmp_path / "runs", policy, judge, "env.kwargs.reward=math-judge", *SETTINGS)
+    rows = train(tmp_path / "cache", tmp_path / "runs", policy, model, "env.kwargs.reward=math-judge", *SETTINGS)
     before, after = report("math-judge", accuracy, rows)
     assert after - before >= 0.15, (before, after)
     assert all("perf/judge_calls_per_s" in r and r["time/reward_s"] > 0 for r in rows if "train/loss" in r)
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # 2,000 SFT steps on groups and 100 RL steps, beside the rest of the suite
+def test_a_tiny_group_judge_alone_raises_exact_match_accuracy(tmp_path: Path, judge: tuple[Path, float],
+                                                               warm_caches: Any) -> None:
+    """The judge of one answer, fine-tuned on groups of up to 4 different answers (as docs/rewards.md
+    says), grades whole groups; the policy, in groups of 4, trains on its verdicts alone: one judge
+    call a group (``rollout.group_reward=math-group-judge``), the exact-match truth in the evals."""
+    groups = ("data.kwargs.candidates=4",)
+    model, accuracy = make_judge(tmp_path / "cache", tmp_path / "group-judge", *groups,
+                                 tune=(f"actor.path={judge[0]}", "sft.steps=2000", "sft.eval_every=0"))
+    assert accuracy >= 0.75, f"the group judge grades {accuracy:.3f} of the held-out groups wholly right"
+    policy = next((warm_caches.get("math") / "warm").glob("math-*"))
+    rows = train(tmp_path / "cache", tmp_path / "runs", policy, model, "rollout.group_reward=math-group-judge",
+                 "rollout.group_size=4", "trainer.total_steps=100", "trainer.save_every=0", "eval.every=50")
+    before, after = report("math-group-judge", accuracy, rows)
+    assert after - before >= 0.10, (before, after)
+    steps = [r for r in rows if "train/loss" in r]
+    failed = max(r.get("rollout/failed/reward_error", 0) for r in steps)
+    assert failed <= 0.1 * steps[-1]["rollout/submitted"], f"{failed} episodes' groups could not be graded"
