@@ -23,7 +23,7 @@ QUIET = ["logging.progress=false", "logging.plots=false", "logging.tensorboard=f
 SETTINGS = ["trainer.total_steps=60", "trainer.save_every=0", "eval.every=30"]  # the math recipe's, 60 steps
 
 
-def cli(cache: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+def cli(cache: Path, *args: str, timeout: float = 2700) -> subprocess.CompletedProcess[str]:  # an SFT on groups: ~20 min
     done = subprocess.run([sys.executable, "-m", "areal_agents.cli", *args, *QUIET], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout,
                           env={**os.environ, "AREAL_AGENTS_CACHE": str(cache), "OMP_NUM_THREADS": "1"})
