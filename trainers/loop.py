@@ -40,6 +40,7 @@ from areal_agents.rollout.evaluation import run_eval
 from areal_agents.rollout.interface import SavedRollout
 from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
 from areal_agents.runtime.cpus import usable_cpus
+from areal_agents.runtime.heap import freeze_setup
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, load_trajectories
@@ -171,8 +172,7 @@ class _Rank0:
     @classmethod
     def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, model_path: str, tokenizer: Any,
                       display: RunDisplay, logger: MetricsLogger | None) -> _Rank0:
-        """Inference servers (embedded subprocesses, SGLang, or remote), the rollout executor and the
-        evals' reward runner (the executor has its own)."""
+        """Servers (embedded, SGLang or remote), the rollout executor, and the evals' own reward runner."""
         addresses = stack.enter_context(inference_servers(cfg, model_path))
         stack.enter_context(judge_server(cfg))  # before the processes whose judges ask it ($AREAL_AGENTS_JUDGE_URL)
         executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
@@ -423,14 +423,15 @@ def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, 
         display.note(f"recovered step {step} (weight version {version}) from {state['path']}")
     elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
         sync.sync(engine, version)
+    freeze_setup()  # from here on the heap's setup part is never scanned again (an eval: ~0.1 s less)
     return engine, sync, step, version
 
 
 def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0: _Rank0, sync: WeightSync,
              display: RunDisplay, version: int, ckpt: Checkpointer) -> tuple[dict[str, Any], list[Trajectory]]:
-    """Steps 4 and 5 of :func:`run`: rank 0 waits for a batch of finished groups and every rank
-    trains on it; then the new weights (``version``) go to the servers while rollout is paused.
-    Returns the step's metrics and the batch."""
+    """Steps 4 and 5 of :func:`run`: rank 0 waits for a batch of finished groups, every rank trains on
+    it, then the new weights (``version``) go to the servers while rollout is paused. Returns the
+    step's metrics and the batch."""
     t0 = time.monotonic()
     with ckpt.interruptible():  # SIGTERM while waiting for a batch ends the run at once
         trajs = r0.batch()

@@ -125,7 +125,8 @@ class InferenceConfig(Section):
                             "group's samples) to share one batched POST (streamed by the embedded server: each reply "
                             "as it finishes); 0 sends each request alone.", ge(0))
     setup_timeout: float = f(120.0, "Seconds to wait for servers to become healthy.")
-    max_batch_size: int = f(64, "Embedded server: maximum sequences decoded together.", ge(1))
+    max_batch_size: int = f(256, "Embedded server: maximum sequences decoded together (an eval sends as many "
+                            "episodes at once to each server).", ge(1))
     device: str = f("cpu", "Embedded server device (cpu or cuda).")
 
     def __post_init__(self) -> None:

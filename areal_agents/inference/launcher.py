@@ -86,7 +86,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000, help="port (0 picks a free one)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
+    parser.add_argument("--max-batch-size", type=int, default=256, help="sequences decoded together")
     parser.add_argument("--weight-version", default="0", help="initial weight version")
     parser.add_argument("--lora-paths", nargs="*", type=_lora_path, action="extend", metavar="NAME=DIR",
                         help="LoRA adapters (PEFT dirs) to load at start, served under NAME (lora_path of /generate)")

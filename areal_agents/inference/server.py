@@ -26,6 +26,7 @@ from areal_agents.inference._events import stream_each, stream_one
 from areal_agents.inference._http import error, error_middleware, read_json
 from areal_agents.inference._weights import WeightGroups, load_state_dict
 from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, parse_generate, require, response_body
+from areal_agents.runtime.heap import freeze_setup
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -372,6 +373,7 @@ def cli_serve(args: argparse.Namespace) -> int:
 
 
 def _run(app: web.Application, args: argparse.Namespace) -> int:
+    freeze_setup()
     try:
         asyncio.run(serve(app, args.host, args.port))
     except OSError as exc:

@@ -83,11 +83,14 @@ def run_eval(cfg: ExperimentConfig, tokenizer: Any, addresses: list[str], rows: 
     decoding with the loaded adapter ``lora_path`` when given; the envs' rewards in ``reward_runner``),
     and its duration (``time/eval_s``, so that training time can be told from eval time)."""
 
+    # As many episodes at once as the servers decode together: each server's batch stays full.
+    concurrency = max(64, cfg.inference.max_batch_size) * max(1, len(addresses))
+
     async def go() -> dict[str, Any]:
         client = inference_client(cfg, addresses, lora_path=lora_path)
         try:
             return await evaluate(cfg, tokenizer, client, rows, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  progress=progress, reward_runner=reward_runner)
+                                  concurrency=concurrency, progress=progress, reward_runner=reward_runner)
         finally:
             await client.aclose()
 

@@ -17,7 +17,6 @@ stops and asks for the rollout state first) and ends when the parent closes the 
 
 from __future__ import annotations
 
-import gc
 import io
 import itertools
 import os
@@ -38,6 +37,7 @@ from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
 from areal_agents.rollout.group_scoring import GroupScorer, group_scorer
 from areal_agents.rollout.interface import Rollout, SavedRollout
+from areal_agents.runtime.heap import freeze_setup
 from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
@@ -162,11 +162,9 @@ def _child(fd: int) -> None:
         except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
             conn.send((0, False, _portable(exc)))
             return
-        # Whatever setup left alive (modules, tokenizer, config, the executor) stays alive for the
-        # whole run: frozen, it is never scanned again by the full collections that episodes'
-        # short-lived objects set off (the OpenAI path over HTTP triggers several per thousand).
-        gc.collect()
-        gc.freeze()
+        # Setup's objects (modules, tokenizer, config, the executor) live for the whole run: the
+        # full collections that episodes set off (several per thousand over HTTP) skip them.
+        freeze_setup()
         conn.send((0, True, None))
         while True:
             seq, name, call_args = conn.recv()

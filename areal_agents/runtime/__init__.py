@@ -5,7 +5,8 @@
 * :mod:`.lifeline` — a child that dies with its parent;
 * :mod:`.stopping` — SIGINT/SIGTERM as a clean stop;
 * :mod:`.ids` — completion and tool-call ids and episode keys without a system call each;
-* :mod:`.hosts` — whether an address to listen on stays on this machine.
+* :mod:`.hosts` — whether an address to listen on stays on this machine;
+* :mod:`.heap` — :func:`freeze_setup`, the garbage collector kept off what setup left alive.
 """
 
 from __future__ import annotations

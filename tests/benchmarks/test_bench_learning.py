@@ -43,3 +43,26 @@ def test_summary_over_seeds_reports_mean_spread_and_holding() -> None:
     assert t90["mean"] == 90.0 and t90["n"] == 2 and t90["held_at_end"] == 1
     assert s["time_to_s"]["0.95"]["n"] == 1 and s["time_to_s"]["0.95"]["min"] == 240.0
     assert s["final_accuracy"]["min"] == 0.85
+
+
+def test_time_ratio_counts_a_plain_run_that_never_got_there_with_the_budget() -> None:
+    areal = [_run([[0.0, 0.5], [30.0, 0.96]], 1280, 240.0), _run([[0.0, 0.5], [50.0, 0.95]], 1280, 240.0)]
+    plain = [_run([[0.0, 0.5], [100.0, 0.95]], 1280, 240.0), _run([[0.0, 0.5], [240.0, 0.93]], 1280, 240.0)]
+    assert bl.time_ratio(areal, plain, 0.95, budget_s=300.0) == pytest.approx(40.0 / 200.0)
+    areal[1]["curve"][-1][1] = 0.94  # one areal-agents run never got there: no ratio
+    assert bl.time_ratio(areal, plain, 0.95, budget_s=300.0) is None
+
+
+def test_the_verdict_names_each_target_it_misses() -> None:
+    areal = [_run([[0.0, 0.5], [30.0, 0.96], [240.0, 0.97]], 2560, 240.0)]
+    plain = [_run([[0.0, 0.5], [120.0, 0.95], [240.0, 0.96]], 1280, 240.0)]
+    areal[0]["default"] = {"wall_s": 40.0, "eval_s": 1.6, "eval_share": 0.04}
+    runs = {"areal": areal, "plain": plain}
+    summary = {name: bl.summarise(rs, budget_s=240.0) for name, rs in runs.items()}
+    v = bl.verdict(summary, runs, budget_s=240.0)
+    assert v["samples_per_s_ratio"] == pytest.approx(2.0) and v["time_to_095_ratio"] == pytest.approx(0.25)
+    assert v["eval_share"] == pytest.approx(0.04) and v["meets_target"] and all(v["met"].values())
+    areal[0]["default"]["eval_share"] = 0.06  # evals past 5 % of the default command's wall time
+    summary["areal"] = bl.summarise(areal, budget_s=240.0)
+    v = bl.verdict(summary, runs, budget_s=240.0)
+    assert not v["meets_target"] and [k for k, ok in v["met"].items() if not ok] == ["eval_share"]
