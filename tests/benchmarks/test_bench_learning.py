@@ -56,11 +56,12 @@ def test_time_ratio_counts_a_plain_run_that_never_got_there_with_the_budget() ->
 def test_the_verdict_names_each_target_it_misses() -> None:
     areal = [_run([[0.0, 0.5], [30.0, 0.96], [240.0, 0.97]], 2560, 240.0)]
     plain = [_run([[0.0, 0.5], [120.0, 0.95], [240.0, 0.96]], 1280, 240.0)]
-    areal[0]["default"] = {"wall_s": 40.0, "eval_s": 1.6, "eval_share": 0.04}
+    areal[0]["default"] = {"wall_s": 40.0, "eval_s": 1.6, "eval_share": 0.04, "samples_per_s": 900.0}
     runs = {"areal": areal, "plain": plain}
     summary = {name: bl.summarise(rs, budget_s=240.0) for name, rs in runs.items()}
     v = bl.verdict(summary, runs, budget_s=240.0)
     assert v["samples_per_s_ratio"] == pytest.approx(2.0) and v["time_to_095_ratio"] == pytest.approx(0.25)
+    assert v["default_samples_per_s_ratio"] == pytest.approx(900.0 / (1280 / 240.0))
     assert v["eval_share"] == pytest.approx(0.04) and v["meets_target"] and all(v["met"].values())
     areal[0]["default"]["eval_share"] = 0.06  # evals past 5 % of the default command's wall time
     summary["areal"] = bl.summarise(areal, budget_s=240.0)

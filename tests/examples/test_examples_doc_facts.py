@@ -143,13 +143,16 @@ def _spread(d: dict, fmt: str, sep: str = "–", unit: str = "") -> str:  # "69 
 
 def _learning(d: dict) -> list[str]:
     a, p = d["summary"]["areal"], d["summary"]["plain"]
-    out = [f"**{d['time_to_090_ratio']:.2f}×**", f"**{d['generated_per_s_ratio']:.2f}×**",
-           f"{d['samples_per_s_ratio']:.2f}×", f"{d['signal_per_s_ratio']:.2f}×"]
+    out = [f"**{d['time_to_095_ratio']:.2f}×**", f"**{d['default_samples_per_s_ratio']:.2f}×**",
+           f"{d['time_to_090_ratio']:.2f}×", f"{d['samples_per_s_ratio']:.2f}×", f"{d['generated_per_s_ratio']:.2f}×",
+           f"{d['signal_per_s_ratio']:.2f}×", f"{d['final_accuracy_gap']:+.3f}",
+           f"{100 * d['eval_share']:.1f} % ({100 * a['default_run']['eval_share']['min']:.1f}–"
+           f"{100 * a['default_run']['eval_share']['max']:.1f})", _spread(a["default_run"]["samples_per_s"], ".0f")]
     for s in (a, p):
-        out += [_spread(s["time_to_s"][level], ".0f", unit=" s") for level in ("0.80", "0.90")]
-        out += [" / ".join(f"{s['accuracy_at_min'][m]['mean']:.3f}" for m in ("1", "2", "4", "8")),
+        out += [_spread(s["time_to_s"][level], ".0f", unit=" s") for level in ("0.80", "0.90", "0.95")]
+        out += [" / ".join(f"{s['accuracy_at_min'][m]['mean']:.3f}" for m in ("1", "2", "4")),
                 _spread(s["final_accuracy"], ".3f"), _spread(s["generated_per_s"], ".0f"),
-                _spread(s["signal_per_s"], ".0f")]
+                _spread(s["signal_per_s"], ".0f"), _spread(s["samples_per_s"], ".0f")]
     return out
 
 
