@@ -120,12 +120,11 @@ def _learning(d: dict[str, Any]) -> Row:
         return f", evals {100 * share['mean']:.1f} % of the default command" if share else ""
 
     runs = f"{len(d['seeds'])} seed{'s' if len(d['seeds']) > 1 else ''}"
-    ratio = d.get("default_samples_per_s_ratio") or d.get("samples_per_s_ratio")
     return Row(f"Learning, `run --env math` vs plain sync GRPO loop, same warm start, {d['budget_s']:.0f} s of "
                f"training each, {runs}",
                f"{rate(a)}, {acc(a)}, {reach(a)}{evals(a)}",
                f"plain loop: {rate(p)}, {acc(p)}, {reach(p)}",
-               ratio, "samples/s ≥ 1.0, time to 0.95 ≤ 0.35, final ≥, evals ≤ 5 %",
+               d.get("ratio"), "samples/s ≥ 1.0, time to 0.95 ≤ 0.35, final ≥, evals ≤ 5 %",
                d.get("meets_target"),
                "bench_learning.py")
 

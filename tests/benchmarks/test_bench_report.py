@@ -130,7 +130,12 @@ def _learning(d: dict) -> None:
         for r in (a, p):
             assert 0.9 * r["steps"] * 128 <= r["samples"] <= r["steps"] * 128 and [t for t, _ in r["curve"]] == sorted(t for t, _ in r["curve"])
     mean = {k: statistics.fmean(r["samples"] / r["train_s"] for r in rs) for k, rs in runs.items()}
-    assert abs(d["ratio"] - mean["areal"] / mean["plain"]) < 1e-9
+    assert abs(d["samples_per_s_ratio"] - mean["areal"] / mean["plain"]) < 1e-9
+    defaults = [r["default"] for r in runs["areal"]]  # the default command, timed whole, from the same warm start
+    for r in defaults:
+        assert r["steps"] == 200 and r["samples"] <= 200 * 128 and abs(r["eval_share"] - r["eval_s"] / r["wall_s"]) < 1e-9
+    default_rate = statistics.fmean(r["samples"] / r["train_s"] for r in defaults)
+    assert abs(d["ratio"] - default_rate / mean["plain"]) < 1e-9  # the table's ratio: the target's, the default steps'
 
 
 MEANING = {"inference_server": _inference_server, "inference_client": _inference_client,
