@@ -26,10 +26,10 @@ that its evals take at the default eval interval.
 
 The targets: in the default command's 200 steps areal-agents trains at least as many samples a
 second as the plain loop generates and trains (over the whole budget it trains fewer: once the
-model solves nearly every sum, its group filter sets most groups aside); its first greedy accuracy of 0.95 comes in at most 0.35x the plain loop's time (a
-plain run that never reaches 0.95 counts with the whole budget: a bound in the plain loop's
-favour); its final accuracy is at least the plain loop's; evals take at most 5 % of the default
-command's wall time.
+model solves nearly every sum, its group filter sets most groups aside); its first greedy
+accuracy of 0.95 comes in at most 0.35x the plain loop's time (a plain run that never reaches
+0.95 counts with the whole budget: a bound in the plain loop's favour); its final accuracy is at
+least the plain loop's; evals take at most 5 % of the default command's wall time.
 
     python benchmarks/bench_learning.py [--seeds 1 2 3] [--budget 480] [--eval-every 20]
 """
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -175,7 +176,12 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
            "trainer.recover=disabled", "logging.progress=false", "logging.plots=false",
            "logging.tensorboard=false", f"output_dir={workdir}", f"trial_name=seed{seed}", *overrides]
     subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (workdir / "math" / f"seed{seed}" / "metrics.jsonl").open()]
+    return read_run(workdir / "math" / f"seed{seed}" / "metrics.jsonl", budget_s, seed)
+
+
+def read_run(metrics: Path, budget_s: float, seed: int) -> dict[str, Any]:
+    """A run's curve and counts from its ``metrics.jsonl``, up to ``budget_s`` of training time."""
+    rows = [json.loads(line) for line in metrics.open()]
     origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
     curve, eval_s, samples, steps, dropped = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0, 0.0
     signal = 0.0
@@ -210,16 +216,13 @@ def default_run(model_path: str, seed: int, workdir: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - t0
-    rows = [json.loads(line) for line in (workdir / "math" / f"default{seed}" / "metrics.jsonl").open()]
-    evals = [row["time/eval_s"] for row in rows if "time/eval_s" in row]
-    accs = [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]
-    steps = [row for row in rows if "time/train_s" in row]
-    # its training time as areal_run counts it: from the first step's start, evals excluded
-    train_s = steps[-1]["time/elapsed_s"] - rows[0]["time/elapsed_s"] - sum(r.get("time/eval_s", 0.0) for r in steps)
-    samples = sum(int(r.get("train/n_seqs", 0)) for r in steps)
+    metrics = workdir / "math" / f"default{seed}" / "metrics.jsonl"
+    evals = [row["time/eval_s"] for row in map(json.loads, metrics.open()) if "time/eval_s" in row]
+    run = read_run(metrics, math.inf, seed)  # its training time as the budget runs count theirs
     return {"wall_s": wall, "eval_s": sum(evals), "evals": len(evals), "eval_share": sum(evals) / wall,
-            "steps": len(steps), "samples": samples, "train_s": train_s, "samples_per_s": samples / train_s,
-            "accuracy_before": accs[0], "accuracy_after": accs[-1]}
+            "steps": run["steps"], "samples": run["samples"], "train_s": run["train_s"],
+            "samples_per_s": run["samples"] / run["train_s"], "accuracy_before": run["curve"][0][1],
+            "accuracy_after": run["curve"][-1][1]}
 
 
 # ------------------------------------------------------------------------------ analysis
