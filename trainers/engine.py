@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from algorithms.losses import LossNorm, combine_metrics, metric_reduction
 from algorithms.specs import LossFn
@@ -402,7 +403,12 @@ class TrainEngine:
 
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded policy parameters on CPU (collective: every rank must call)."""
+        """Unsharded policy parameters on CPU (collective: every rank must call). On one rank each
+        shard is the whole tensor: read straight off the module (the weight sync of every step),
+        without the gather's option checks (~8 ms a call on the tiny model)."""
+        if self.world == 1:
+            return {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu()
+                    for k, v in self.actor.model.state_dict().items()}
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return _plain_tensors(get_model_state_dict(self.actor.model, options=opts))
 

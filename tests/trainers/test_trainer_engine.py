@@ -102,6 +102,20 @@ def _rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.mark.slow
+def test_one_rank_state_dict_is_the_gather_it_skips(model_dir: Path) -> None:
+    """One rank reads its weights off the module (every step's weight sync): the same names and
+    values as the checkpoint gather it skips, for the bfloat16-sharded module too."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    for cfg in (make_cfg(), make_cfg(dtype="bfloat16")):
+        engine = TrainEngine(cfg, model_dir)
+        got = engine.full_state_dict()
+        want = get_model_state_dict(engine.actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        assert set(got) == set(want) and "lm_head.weight" in got
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
 def test_hsdp_two_replicas_of_two_shards(model_dir: Path, tmp_path: Path) -> None:
     """4 gloo ranks, mesh (replicate=2, shard=2): sharded inside a replica group, replicated
     across groups, and one step equal to the single-process step (float32 and bfloat16 reduce)."""
