@@ -7,11 +7,13 @@ every row is never generated, so position ``t`` is predicted from positions ``< 
 
 Splitting never changes the loss: ranks get whole sequences (longest first onto the rank
 with the fewest tokens), and each rank cuts its share into length-sorted micro-batches whose
-padded size ``rows × longest row`` stays within ``actor.max_tokens_per_mb``.
+padded size ``rows × longest row`` stays within ``actor.max_tokens_per_mb``, cut between lengths
+where the padding saved outweighs a micro-batch's own cost.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -187,24 +189,53 @@ def rank_indices(lens: Sequence[int], world: int, rank: int) -> list[int]:
 
 
 def micro_batch_indices(lens: Sequence[int], max_tokens: int, min_count: int = 1) -> list[list[int]]:
-    """Length-sorted micro-batches whose ``rows × longest`` is at most ``max_tokens``.
+    """Length-sorted micro-batches whose ``rows × longest`` is at most ``max_tokens``, cut where
+    that saves compute.
 
-    A row longer than the budget forms its own micro-batch. When fewer than ``min_count``
-    micro-batches result, the largest ones are halved; if there are fewer rows than
-    ``min_count``, empty micro-batches pad the list (ranks must run the same number of
-    forward passes under FSDP). Returns lists of row indices into ``lens``.
+    Rows are padded to their micro-batch's longest, so rows of mixed lengths in one micro-batch
+    run padding (a 64-row batch of 1-4 graded answers: 31 % of it). Among the cuts of the
+    length-sorted rows into runs of equal length (each run chopped to the budget), the cheapest
+    is chosen, a micro-batch costing its padded tokens plus ``max_tokens / 32`` (its forward and
+    backward passes' own cost: a cut must save more padding than that); it never costs more than
+    filling each micro-batch to the budget. A row longer than the budget forms its own
+    micro-batch. When fewer than ``min_count`` micro-batches result, the largest ones are
+    halved; if there are fewer rows than ``min_count``, empty micro-batches pad the list (ranks
+    must run the same number of forward passes under FSDP). Returns lists of row indices into ``lens``.
     """
     order = sorted(range(len(lens)), key=lambda j: (-lens[j], j))
-    mbs: list[list[int]] = []
-    cur: list[int] = []
+    fixed = max_tokens / 32
+
+    def cost(parts: list[list[int]]) -> float:
+        return sum(len(m) * lens[m[0]] + fixed for m in parts)
+
+    filled: list[list[int]] = []  # each micro-batch filled to the budget
     for i in order:
-        longest = lens[cur[0]] if cur else lens[i]
-        if cur and (len(cur) + 1) * longest > max_tokens:
-            mbs.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        mbs.append(cur)
+        if not filled or (len(filled[-1]) + 1) * lens[filled[-1][0]] > max_tokens:
+            filled.append([])
+        filled[-1].append(i)
+    blocks: list[list[int]] = []  # runs of one length, each within the budget
+    for i in order:
+        last = blocks[-1] if blocks else None
+        if last is None or lens[last[0]] != lens[i] or (len(last) + 1) * lens[i] > max_tokens:
+            blocks.append([])
+        blocks[-1].append(i)
+    best, cut = [0.0] + [math.inf] * len(blocks), [0] * (len(blocks) + 1)
+    for b in range(1, len(blocks) + 1):  # best[b]: the cheapest cut of blocks[:b]
+        rows = 0
+        for a in range(b - 1, -1, -1):  # the last micro-batch holds blocks[a:b]
+            rows += len(blocks[a])
+            if rows > len(blocks[a]) and rows * lens[blocks[a][0]] > max_tokens:
+                break
+            c = best[a] + rows * lens[blocks[a][0]] + fixed
+            if c < best[b]:
+                best[b], cut[b] = c, a
+    mbs: list[list[int]] = []
+    b = len(blocks)
+    while b:
+        mbs.insert(0, [i for block in blocks[cut[b]:b] for i in block])
+        b = cut[b]
+    if cost(filled) < cost(mbs):
+        mbs = filled
     while len(mbs) < min_count:
         splittable = [m for m in mbs if len(m) > 1]
         if not splittable:

@@ -109,6 +109,41 @@ def test_micro_batches_respect_the_budget(lens: list[int], budget: int, min_coun
             assert len(mb) * max(lens[i] for i in mb) <= budget
 
 
+def _filled(lens: list[int], budget: int) -> list[list[int]]:
+    """The plain split: length-sorted rows, each micro-batch filled up to the budget."""
+    mbs: list[list[int]] = []
+    for i in sorted(range(len(lens)), key=lambda j: (-lens[j], j)):
+        if not mbs or (len(mbs[-1]) + 1) * lens[mbs[-1][0]] > budget:
+            mbs.append([])
+        mbs[-1].append(i)
+    return mbs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 120), min_size=1, max_size=200), st.integers(64, 8192))
+def test_micro_batches_cost_no_more_than_filling_each_to_the_budget(lens: list[int], budget: int) -> None:
+    """Padded tokens plus a micro-batch's own cost (budget / 32 tokens): never above the plain split's."""
+    def cost(mbs: list[list[int]]) -> float:
+        return sum(len(mb) * max(lens[i] for i in mb) + budget / 32 for mb in mbs if mb)
+
+    mbs = micro_batch_indices(lens, budget)
+    assert sorted(i for mb in mbs for i in mb) == list(range(len(lens)))
+    assert cost(mbs) <= cost(_filled(lens, budget)) + 1e-9
+    for mb in mbs:
+        assert [lens[i] for i in mb] == sorted((lens[i] for i in mb), reverse=True)
+
+
+def test_rows_of_mixed_lengths_are_cut_by_length() -> None:
+    """64 rows of 30 to 84 tokens (graded groups of 1 to 4 answers) fit one 8,192-token micro-batch,
+    where a third of it would be padding: cut between lengths, far less runs."""
+    lens = [84] * 8 + [70] * 12 + [56] * 20 + [42] * 16 + [30] * 8
+    mbs = micro_batch_indices(lens, 8192)
+    padded = sum(len(mb) * max(lens[i] for i in mb) for mb in mbs)
+    assert len(_filled(lens, 8192)) == 1 and 64 * 84 > 1.4 * sum(lens)
+    assert 1 < len(mbs) <= 5 and padded < 1.1 * sum(lens), [[lens[i] for i in mb] for mb in mbs]
+    assert micro_batch_indices([22] * 64, 8192) == [list(range(64))]  # one length: one micro-batch
+
+
 @given(st.lists(st.integers(1, 300), min_size=0, max_size=40), st.integers(1, 5))
 def test_rank_split_is_a_partition(lens: list[int], world: int) -> None:
     parts = [rank_indices(lens, world, r) for r in range(world)]
