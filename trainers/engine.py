@@ -403,12 +403,10 @@ class TrainEngine:
 
     # -- export -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded policy parameters on CPU (collective: every rank must call). On one rank each
-        shard is the whole tensor: read straight off the module (the weight sync of every step),
-        without the gather's option checks (~8 ms a call on the tiny model)."""
+        """Unsharded policy parameters on CPU (collective: every rank must call). One rank's shards
+        are whole: read off the module, without the gather's checks (~8 ms of each step's sync)."""
         if self.world == 1:
-            return {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu()
-                    for k, v in self.actor.model.state_dict().items()}
+            return {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu() for k, v in self.actor.model.state_dict().items()}
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return _plain_tensors(get_model_state_dict(self.actor.model, options=opts))
 
