@@ -101,7 +101,6 @@ def _rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return (num / sum(float(b[k].double().pow(2).sum()) for k in b)) ** 0.5
 
 
-@pytest.mark.slow
 def test_one_rank_state_dict_is_the_gather_it_skips(model_dir: Path) -> None:
     """One rank reads its weights off the module (every step's weight sync): the same names and
     values as the checkpoint gather it skips, for the bfloat16-sharded module too."""
@@ -116,6 +115,7 @@ def test_one_rank_state_dict_is_the_gather_it_skips(model_dir: Path) -> None:
             assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
 
 
+@pytest.mark.slow
 def test_hsdp_two_replicas_of_two_shards(model_dir: Path, tmp_path: Path) -> None:
     """4 gloo ranks, mesh (replicate=2, shard=2): sharded inside a replica group, replicated
     across groups, and one step equal to the single-process step (float32 and bfloat16 reduce)."""
