@@ -188,6 +188,18 @@ def rank_indices(lens: Sequence[int], world: int, rank: int) -> list[int]:
     return sorted(owned[rank])
 
 
+def _fill(order: Sequence[int], lens: Sequence[int], max_tokens: int, *, by_length: bool) -> list[list[int]]:
+    """``order`` in consecutive micro-batches, each filled while ``rows × first row's length``
+    stays within ``max_tokens`` (with ``by_length``, also while the rows' length stays the same)."""
+    out: list[list[int]] = []
+    for i in order:
+        last = out[-1] if out else None
+        if last is None or (len(last) + 1) * lens[last[0]] > max_tokens or (by_length and lens[last[0]] != lens[i]):
+            out.append([])
+        out[-1].append(i)
+    return out
+
+
 def micro_batch_indices(lens: Sequence[int], max_tokens: int, min_count: int = 1) -> list[list[int]]:
     """Length-sorted micro-batches whose ``rows × longest`` is at most ``max_tokens``, cut where
     that saves compute.
@@ -208,17 +220,8 @@ def micro_batch_indices(lens: Sequence[int], max_tokens: int, min_count: int = 1
     def cost(parts: list[list[int]]) -> float:
         return sum(len(m) * lens[m[0]] + fixed for m in parts)
 
-    filled: list[list[int]] = []  # each micro-batch filled to the budget
-    for i in order:
-        if not filled or (len(filled[-1]) + 1) * lens[filled[-1][0]] > max_tokens:
-            filled.append([])
-        filled[-1].append(i)
-    blocks: list[list[int]] = []  # runs of one length, each within the budget
-    for i in order:
-        last = blocks[-1] if blocks else None
-        if last is None or lens[last[0]] != lens[i] or (len(last) + 1) * lens[i] > max_tokens:
-            blocks.append([])
-        blocks[-1].append(i)
+    filled = _fill(order, lens, max_tokens, by_length=False)  # each micro-batch filled to the budget
+    blocks = _fill(order, lens, max_tokens, by_length=True)  # runs of one length, each within the budget
     best, cut = [0.0] + [math.inf] * len(blocks), [0] * (len(blocks) + 1)
     for b in range(1, len(blocks) + 1):  # best[b]: the cheapest cut of blocks[:b]
         rows = 0
@@ -231,9 +234,10 @@ def micro_batch_indices(lens: Sequence[int], max_tokens: int, min_count: int = 1
                 best[b], cut[b] = c, a
     mbs: list[list[int]] = []
     b = len(blocks)
-    while b:
-        mbs.insert(0, [i for block in blocks[cut[b]:b] for i in block])
+    while b:  # the cheapest cut, last micro-batch first
+        mbs.append([i for block in blocks[cut[b]:b] for i in block])
         b = cut[b]
+    mbs.reverse()
     if cost(filled) < cost(mbs):
         mbs = filled
     while len(mbs) < min_count:
