@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer, set_seed
+from transformers.utils import logging as hf_logging
 
 from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
@@ -331,12 +333,10 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
     display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
     t_start = time.monotonic()
-    import transformers
-
-    transformers.set_seed(cfg.seed + rank)  # random, numpy and torch
+    set_seed(cfg.seed + rank)  # random, numpy and torch
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
-    transformers.utils.logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()
     model_path = cfg.actor.path or str(ensure_warm_model(cfg, progress=cfg.logging.progress, warm_start=True))
     ckpt = Checkpointer(run_dir / "checkpoints", fingerprint={
         "env": cfg.env.name, "model": str(Path(model_path).resolve()), "algorithm": cfg.algorithm.name,
@@ -345,7 +345,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     resume_from = _resume_point(ckpt, cfg.trainer.recover) if cfg.mode in ("full", "online") else None
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     spec = get_algorithm(cfg.algorithm.name)
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None

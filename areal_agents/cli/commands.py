@@ -24,6 +24,7 @@ from areal_agents.config.doc import config_reference
 from areal_agents.config.loader import config_fields, explain_config, load_config, to_yaml
 from areal_agents.registry import KINDS, get_registry
 from areal_agents.rewards import default_reward_workers
+from areal_agents.runtime.heap import quiet_setup
 
 __all__ = ["check_model_dir", "cmd_config", "cmd_eval", "cmd_list", "cmd_plot", "cmd_rm", "cmd_run", "cmd_serve", "cmd_sft",
            "cmd_view", "config_overrides", "load_args_config"]
@@ -70,7 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from areal_agents.rollout.preflight import preflight
 
         preflight(cfg)
-    from trainers.loop import launch
+    with quiet_setup():  # torch and transformers, with no full collection at each quarter of growth
+        from trainers.loop import launch
 
     return launch(cfg, args.argv)
 
@@ -81,7 +83,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _experiment(args)
     from rich.console import Console
 
-    from trainers.sft import run_sft
+    with quiet_setup():
+        from trainers.sft import run_sft
 
     path = run_sft(cfg)
     console = Console()
@@ -101,7 +104,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
     cfg = _experiment(args)
     from rich.console import Console
 
-    from trainers.reward_model import run_rm
+    with quiet_setup():
+        from trainers.reward_model import run_rm
 
     path = run_rm(cfg)
     console = Console()
@@ -119,8 +123,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from trainers.evaluate import evaluate_model
-    from trainers.sft import ensure_warm_model
+    with quiet_setup():
+        from trainers.evaluate import evaluate_model
+        from trainers.sft import ensure_warm_model
 
     model_path = args.model or cfg.actor.path
     if not model_path:
@@ -145,7 +150,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.model:
         env = args.env or "math"
         try:
-            from trainers.sft import ensure_warm_model
+            with quiet_setup():
+                from trainers.sft import ensure_warm_model
 
             cfg = load_config(None, [f"env.name={env}"])
             args.model = str(ensure_warm_model(cfg, progress=cfg.logging.progress))

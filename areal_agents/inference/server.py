@@ -26,7 +26,7 @@ from areal_agents.inference._events import stream_each, stream_one
 from areal_agents.inference._http import error, error_middleware, read_json
 from areal_agents.inference._weights import WeightGroups, load_state_dict
 from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, parse_generate, require, response_body
-from areal_agents.runtime.heap import freeze_setup
+from areal_agents.runtime.heap import freeze_setup, quiet_setup
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -346,10 +346,6 @@ async def serve(app: web.Application, host: str, port: int) -> None:
 def cli_serve(args: argparse.Namespace) -> int:
     """Load ``args.model`` and serve it with the flags of :func:`~areal_agents.inference.launcher.add_serve_args`
     (a reward model, :func:`~areal_agents.inference.scoring.is_reward_model`, is served for scoring)."""
-    from areal_agents.inference._engine import Engine
-    from areal_agents.inference._lora import read_adapter
-    from areal_agents.inference.scoring import Scorer, create_scoring_app, is_reward_model, load_reward_model
-
     path = str(args.model)
     if not (Path(path) / "config.json").is_file():
         print(f"error: --model {path}: no config.json there (not a Hugging Face model dir)", file=sys.stderr)
@@ -358,18 +354,25 @@ def cli_serve(args: argparse.Namespace) -> int:
         from areal_agents.runtime.lifeline import watch_parent
 
         watch_parent(args.parent_pid)
-    if is_reward_model(path):  # a sequence-classification model: its scores at /classify
-        reward_model, reward_tokenizer = load_reward_model(path, args.device)
-        return _run(create_scoring_app(Scorer(reward_model, reward_tokenizer, args.max_batch_size), path), args)
-    model, tokenizer = load_model(path, args.device)
-    engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
-    for name, adapter_dir in dict(getattr(args, "lora_paths", None) or ()).items():  # the last NAME=DIR wins
-        try:
-            engine.load_lora(read_adapter(name, adapter_dir, model))
-        except (ValueError, OSError) as exc:
-            print(f"error: --lora-paths {name}={adapter_dir}: {exc}", file=sys.stderr)
-            return 2
-    return _run(create_app(engine, path), args)
+    with quiet_setup():  # torch, transformers and the model: no collection until the server serves
+        from areal_agents.inference._engine import Engine
+        from areal_agents.inference._lora import read_adapter
+        from areal_agents.inference.scoring import Scorer, create_scoring_app, is_reward_model, load_reward_model
+
+        if is_reward_model(path):  # a sequence-classification model: its scores at /classify
+            reward_model, reward_tokenizer = load_reward_model(path, args.device)
+            app = create_scoring_app(Scorer(reward_model, reward_tokenizer, args.max_batch_size), path)
+        else:
+            model, tokenizer = load_model(path, args.device)
+            engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, weight_version=str(args.weight_version))
+            for name, adapter_dir in dict(getattr(args, "lora_paths", None) or ()).items():  # the last NAME=DIR wins
+                try:
+                    engine.load_lora(read_adapter(name, adapter_dir, model))
+                except (ValueError, OSError) as exc:
+                    print(f"error: --lora-paths {name}={adapter_dir}: {exc}", file=sys.stderr)
+                    return 2
+            app = create_app(engine, path)
+    return _run(app, args)  # serving: collections on, setup frozen (freeze_setup)
 
 
 def _run(app: web.Application, args: argparse.Namespace) -> int:

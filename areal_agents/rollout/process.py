@@ -37,7 +37,7 @@ from areal_agents.registry import get_registry
 from areal_agents.rollout.executor import RolloutExecutor
 from areal_agents.rollout.group_scoring import GroupScorer, group_scorer
 from areal_agents.rollout.interface import Rollout, SavedRollout
-from areal_agents.runtime.heap import freeze_setup
+from areal_agents.runtime.heap import freeze_setup, quiet_setup
 from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
@@ -154,17 +154,18 @@ def _child(fd: int) -> None:
     conn = Connection(fd)
     executor: Rollout | None = None
     try:
-        path, blob, cfg, addresses, model_path, build = conn.recv()
-        sys.path[:] = path
-        try:
-            _register(blob)
-            executor = build(cfg, addresses, model_path)
-        except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
-            conn.send((0, False, _portable(exc)))
-            return
+        with quiet_setup():  # the run's modules, its registrations and the tokenizer: no collections
+            path, blob, cfg, addresses, model_path, build = conn.recv()
+            sys.path[:] = path
+            try:
+                _register(blob)
+                executor = build(cfg, addresses, model_path)
+            except Exception as exc:  # noqa: BLE001 - the build failed: the parent raises it
+                conn.send((0, False, _portable(exc)))
+                return
         # Setup's objects (modules, tokenizer, config, the executor) live for the whole run: the
-        # full collections that episodes set off (several per thousand over HTTP) skip them.
-        freeze_setup()
+        # full collections that episodes set off skip them; young collections come 70x less often.
+        freeze_setup(young=50_000)
         conn.send((0, True, None))
         while True:
             seq, name, call_args = conn.recv()

@@ -6,7 +6,7 @@
 * :mod:`.stopping` — SIGINT/SIGTERM as a clean stop;
 * :mod:`.ids` — completion and tool-call ids and episode keys without a system call each;
 * :mod:`.hosts` — whether an address to listen on stays on this machine;
-* :mod:`.heap` — :func:`freeze_setup`, the garbage collector kept off what setup left alive.
+* :mod:`.heap` — :func:`quiet_setup` and :func:`freeze_setup`, the garbage collector kept off what setup leaves alive.
 """
 
 from __future__ import annotations
