@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, set_seed
+from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from algorithms.specs import AlgorithmSpec, get_algorithm
@@ -333,7 +333,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
     display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
     t_start = time.monotonic()
-    set_seed(cfg.seed + rank)  # random, numpy and torch
+    tdist.seed_all(cfg.seed + rank)  # random, numpy and torch
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
     hf_logging.disable_progress_bar()
