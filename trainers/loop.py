@@ -33,14 +33,14 @@ from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
 from areal_agents.data import load_dataset_rows
-from areal_agents.inference.launcher import inference_servers, judge_server
-from areal_agents.online.rollout import build_online_rollout, gateway_line
+from areal_agents.inference.launcher import judge_server, starting_servers
+from areal_agents.online.rollout import gateway_line
 from areal_agents.record import EpisodeRecorder, Recorded
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
 from areal_agents.rollout.evaluation import run_eval
 from areal_agents.rollout.interface import SavedRollout
-from areal_agents.rollout.process import RolloutProcess, build_executor, registrations
+from areal_agents.rollout.process import RolloutChild
 from areal_agents.runtime.cpus import usable_cpus
 from areal_agents.runtime.heap import freeze_setup
 from areal_agents.types import Trajectory
@@ -51,6 +51,7 @@ from trainers.engine import TrainEngine
 from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.rollout_only import write_rollouts
+from trainers.rollout_setup import rollout_executor, start_rollout_child
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import WeightSync, make_weight_sync
 
@@ -172,12 +173,13 @@ class _Rank0:
         self._failed: list[Trajectory] = []  # failed episodes the rollout dropped while the batch was gathered
 
     @classmethod
-    def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, model_path: str, tokenizer: Any,
-                      display: RunDisplay, logger: MetricsLogger | None) -> _Rank0:
-        """Servers (embedded, SGLang or remote), the rollout executor, and the evals' own reward runner."""
-        addresses = stack.enter_context(inference_servers(cfg, model_path))
+    def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, addresses: list[str], model_path: str,
+                      tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
+                      child: RolloutChild | None) -> _Rank0:
+        """The judge's server, the rollout executor (in ``child`` when it runs in a process), and
+        the evals' own reward runner, for the inference servers at ``addresses``."""
         stack.enter_context(judge_server(cfg))  # before the processes whose judges ask it ($AREAL_AGENTS_JUDGE_URL)
-        executor = _rollout_executor(cfg, addresses, model_path, tokenizer, display)
+        executor = rollout_executor(cfg, addresses, model_path, tokenizer, display, child)
         stack.callback(executor.shutdown)
         eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
         r0 = cls(cfg, tokenizer, display, logger, addresses, executor, eval_rewards)
@@ -294,22 +296,6 @@ def _group_index(traj: Trajectory) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def _rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,
-                      display: RunDisplay) -> Rollout:
-    """The rollout: the executor over the dataset, or the gateway of an online run
-    (``mode=online``); in a process of its own for training (``rollout.process``) unless a
-    registration cannot be sent there; on a thread of this process otherwise."""
-    build = build_online_rollout if cfg.mode == "online" else build_executor
-    if cfg.rollout.process and cfg.mode in ("full", "online"):
-        try:
-            blob = registrations(cfg)
-        except ValueError as exc:
-            display.note(f"rollout runs on a thread of the trainer: {exc}")
-        else:
-            return RolloutProcess(cfg, addresses, model_path, registrations_blob=blob, build=build)
-    return build(cfg, addresses, model_path, tokenizer)
-
-
 def cpu_trainer_threads(num_servers: int, cpus: int | None = None) -> int:
     """The trainer's threads on ``cpus`` cores (default: those this process may use) shared with
     ``num_servers`` embedded CPU servers: the cores they leave, at least one. The servers hold
@@ -331,8 +317,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     main, run_dir = rank == 0, Path(cfg.run_dir)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
-    t_start = time.monotonic()
+    display, t_start = RunDisplay(cfg, enabled=cfg.logging.progress and main), time.monotonic()
     tdist.seed_all(cfg.seed + rank)  # random, numpy and torch
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
@@ -345,22 +330,25 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     resume_from = _resume_point(ckpt, cfg.trainer.recover) if cfg.mode in ("full", "online") else None
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    spec = get_algorithm(cfg.algorithm.name)
+    tokenizer, spec = AutoTokenizer.from_pretrained(model_path), get_algorithm(cfg.algorithm.name)
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
     if cfg.mode == "train":  # trainer-only debug mode
         return _Rank0(cfg, tokenizer, display, logger).finish(train_from_file(cfg, model_path, spec, logger))
 
     with contextlib.ExitStack() as stack:
-        # 2. Rank 0: inference servers and the rollout executor.
-        r0 = (_Rank0.start_servers(cfg, stack, model_path, tokenizer, display, logger) if main
-              else _Rank0(cfg, tokenizer, display, logger))
-        if cfg.mode == "rollout":  # inference-only debug mode
+        # 2. Rank 0's servers and rollout process start, the trainer is built while they load.
+        servers, child = ((stack.enter_context(starting_servers(cfg, model_path)), start_rollout_child(cfg, stack))
+                          if main else (None, None))
+        _trainer_threads(cfg)
+        engine = build_engine(cfg, model_path, spec) if cfg.mode != "rollout" else None
+        r0 = (_Rank0.start_servers(cfg, stack, servers(), model_path, tokenizer, display, logger, child)
+              if servers is not None else _Rank0(cfg, tokenizer, display, logger))
+        if engine is None:  # inference-only debug mode
             return r0.finish(r0.rollout_only(run_dir))
 
-        # 3. Trainer (all ranks), weight sync, checkpoints; recover a killed run when asked.
-        engine, sync, step, version = _start_trainer(cfg, model_path, spec, r0, ckpt, resume_from, stack, display)
+        # 3. Weight sync (all ranks), checkpoints; recover a killed run when asked.
+        sync, step, version = _start_trainer(cfg, engine, r0, ckpt, resume_from, stack, display)
         stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
         with ckpt.interruptible():
@@ -405,13 +393,11 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     return r0.finish(summary, plots=True)
 
 
-def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, r0: _Rank0, ckpt: Checkpointer,
+def _start_trainer(cfg: ExperimentConfig, engine: TrainEngine, r0: _Rank0, ckpt: Checkpointer,
                    resume_from: Path | None, stack: contextlib.ExitStack, display: RunDisplay
-                   ) -> tuple[TrainEngine, WeightSync, int, int]:
-    """Step 3 of :func:`run`: the engine and the weight sync (closed with ``stack``), recovered
-    from ``resume_from`` when given; returns them with the step and weight version to go on from."""
-    _trainer_threads(cfg)
-    engine = build_engine(cfg, model_path, spec)
+                   ) -> tuple[WeightSync, int, int]:
+    """Step 3 of :func:`run`: the weight sync (closed with ``stack``), the engine recovered from
+    ``resume_from`` when given; returns the sync with the step and weight version to go on from."""
     sync = make_weight_sync(cfg, r0.addresses, cfg.weights_dir)
     stack.callback(sync.close)
     step = version = 0
@@ -424,7 +410,7 @@ def _start_trainer(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec, 
     elif engine.lora is not None:  # the servers load the (fresh) adapter that /generate names
         sync.sync(engine, version)
     freeze_setup()  # from here on the heap's setup part is never scanned again (an eval: ~0.1 s less)
-    return engine, sync, step, version
+    return sync, step, version
 
 
 def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0: _Rank0, sync: WeightSync,

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from areal_agents.runtime.lifeline import die_with_parent
 from areal_agents.runtime.stopping import on_hard_exit
 
 __all__ = ["JUDGE_URL_ENV", "LaunchError", "ServerGroup", "ServerHandle", "add_serve_args", "check_sglang",
-           "embedded_command", "free_port", "inference_servers", "judge_server", "launch_servers",
+           "embedded_command", "free_port", "inference_servers", "judge_server", "launch_servers", "starting_servers",
            "sglang_command"]  # fmt: skip
 
 _SERVING = re.compile(r"serving on http://([^\s:]+):(\d+)")
@@ -164,9 +164,33 @@ class ServerHandle:
 class ServerGroup(list[ServerHandle], contextlib.AbstractContextManager["ServerGroup"]):
     """The servers of one launch; a context manager that closes them all."""
 
+    def __init__(self, backend: str = "embedded", deadline: float = float("inf")) -> None:
+        super().__init__()
+        self.backend, self.deadline, self.ready = backend, deadline, False
+
     @property
     def addresses(self) -> list[str]:
         return [h.address for h in self]
+
+    def wait_ready(self) -> list[str]:
+        """Wait until every server has announced its address (embedded) and answers ``/health``
+        with 200, by the launch's deadline; return the addresses. Raises :class:`LaunchError`
+        (after closing them all) otherwise."""
+        from areal_agents.inference.control import ControlError, wait_healthy
+
+        try:
+            for handle in () if self.ready else self:
+                if self.backend == "embedded":
+                    handle.address = _wait_announced(handle, self.deadline)
+                try:
+                    wait_healthy(handle.address, timeout=max(1.0, self.deadline - time.monotonic()))
+                except ControlError as exc:
+                    raise LaunchError(f"{exc}:\n{handle.log_tail()}") from None
+        except BaseException:
+            self.close()
+            raise
+        self.ready = True
+        return self.addresses
 
     def close(self) -> None:
         for handle in self:
@@ -203,17 +227,17 @@ def _wait_announced(handle: ServerHandle, deadline: float) -> str:
 
 def launch_servers(
     cfg: ExperimentConfig, model_path: str | os.PathLike[str], n: int | None = None, *, log_dir: str | os.PathLike[str] | None = None,
-    env: dict[str, str] | None = None, ports: list[int] | None = None,
+    env: dict[str, str] | None = None, ports: list[int] | None = None, wait: bool = True,
 ) -> ServerGroup:  # fmt: skip
     """Start ``n`` (default ``cfg.inference.num_servers``) servers of ``cfg.inference.backend``
     (on ``ports`` when given, else on free ones).
 
-    Returns once every server answers ``/health`` with 200; raises :class:`LaunchError`
-    (after closing what it started) otherwise. Logs go to ``log_dir/server-<i>.log``.
-    Embedded CPU servers get ``OMP_NUM_THREADS = cpus // (n + 1)`` unless it is set.
+    Returns once every server answers ``/health`` with 200 (``wait=False``: once their processes
+    are started; :meth:`ServerGroup.wait_ready` then waits, ``inference.setup_timeout`` from the
+    launch); raises :class:`LaunchError` (after closing what it started) otherwise. Logs go to
+    ``log_dir/server-<i>.log``. Embedded CPU servers get ``OMP_NUM_THREADS = cpus // (n + 1)``
+    unless it is set.
     """
-    from areal_agents.inference.control import ControlError, wait_healthy
-
     backend = cfg.inference.backend
     if backend not in ("embedded", "sglang"):
         raise ConfigError("inference.backend", f"cannot launch servers for backend {backend!r}")
@@ -226,8 +250,7 @@ def launch_servers(
         env["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // (n + 1)))
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="areal-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
-    group = ServerGroup()
-    deadline = time.monotonic() + float(cfg.inference.setup_timeout)
+    group = ServerGroup(backend, time.monotonic() + float(cfg.inference.setup_timeout))
     try:
         for i in range(n):
             port = ports[i] if ports else 0 if backend == "embedded" else free_port(cfg.inference.host)
@@ -238,16 +261,11 @@ def launch_servers(
             handle = ServerHandle(f"{cfg.inference.host}:{port}", _start(cmd, log_path, env), log_path, offset)
             _LIVE.add(handle)
             group.append(handle)
-        for handle in group:
-            if backend == "embedded":
-                handle.address = _wait_announced(handle, deadline)
-            try:
-                wait_healthy(handle.address, timeout=max(1.0, deadline - time.monotonic()))
-            except ControlError as exc:
-                raise LaunchError(f"{exc}:\n{handle.log_tail()}") from None
     except BaseException:
         group.close()
         raise
+    if wait:
+        group.wait_ready()
     return group
 
 
@@ -275,15 +293,29 @@ def inference_servers(cfg: ExperimentConfig, model_path: str, log_dir: str | os.
     ``/health``) and leaves them running; otherwise servers are launched, logging to ``log_dir``
     (default: the run dir's ``logs/``).
     """
+    with starting_servers(cfg, model_path, log_dir) as ready:
+        yield ready()
+
+
+@contextlib.contextmanager
+def starting_servers(cfg: ExperimentConfig, model_path: str,
+                     log_dir: str | os.PathLike[str] | None = None) -> Iterator[Callable[[], list[str]]]:
+    """:func:`inference_servers` yielding as soon as the servers' processes are started, so that
+    the caller sets itself up while they load (a run builds its trainer); calling what it yields
+    waits for them (:meth:`ServerGroup.wait_ready`; remote ones: their ``/health``) and returns
+    their addresses."""
     if cfg.inference.backend == "remote":
         from areal_agents.inference.control import wait_healthy
 
-        wait_healthy(list(cfg.inference.addresses), timeout=cfg.inference.setup_timeout)
-        yield list(cfg.inference.addresses)
+        def attached() -> list[str]:
+            wait_healthy(list(cfg.inference.addresses), timeout=cfg.inference.setup_timeout)
+            return list(cfg.inference.addresses)
+
+        yield attached
         return
     logs = Path(log_dir) if log_dir is not None else Path(cfg.run_dir) / "logs"
-    with launch_servers(cfg, model_path, log_dir=logs) as group:
-        yield group.addresses
+    with launch_servers(cfg, model_path, log_dir=logs, wait=False) as group:
+        yield group.wait_ready
 
 
 JUDGE_URL_ENV = "AREAL_AGENTS_JUDGE_URL"

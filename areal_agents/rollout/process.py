@@ -41,7 +41,8 @@ from areal_agents.runtime.heap import freeze_setup, quiet_setup
 from areal_agents.runtime.lifeline import watch_parent
 from areal_agents.types import Trajectory
 
-__all__ = ["RolloutProcess", "RolloutProcessDied", "build_executor", "build_group_scorer", "registrations"]
+__all__ = ["RolloutChild", "RolloutProcess", "RolloutProcessDied", "build_executor", "build_group_scorer", "registrations",
+           "start_child"]
 
 _KINDS = ("envs", "agents", "datasets", "rewards")  # what an episode looks up
 
@@ -155,6 +156,7 @@ def _child(fd: int) -> None:
     executor: Rollout | None = None
     try:
         with quiet_setup():  # the run's modules, its registrations and the tokenizer: no collections
+            from transformers import AutoTokenizer  # noqa: F401 - what builds load (2 s), before the build comes
             path, blob, cfg, addresses, model_path, build = conn.recv()
             sys.path[:] = path
             try:
@@ -192,25 +194,39 @@ def _portable(exc: Exception) -> Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+RolloutChild = tuple["subprocess.Popen[bytes]", Connection]
+"""A started rollout child (:func:`start_child`) and the connection to it."""
+
+
+def start_child() -> RolloutChild:
+    """A rollout child in a fresh interpreter (the script that started the run is not imported
+    again), started before :class:`RolloutProcess` gives it its rollout: meanwhile it imports what
+    every build loads (transformers' tokenizers, about 2 s on 2 CPU cores), while the run waits for
+    its servers and builds its trainer. Hand it to :class:`RolloutProcess` (``child=``) or close
+    the connection: the child then exits."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"from areal_agents.rollout.process import _child; _child({theirs.fileno()})"],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+    return proc, Connection(ours.detach())
+
+
 class RolloutProcess:
     """``build(cfg, addresses, model_path)`` (default :func:`build_executor`) in a child process
     (see the module doc).
 
-    ``registrations_blob`` comes from :func:`registrations`. The child builds its executor
-    while the caller goes on (the trainer loads its model meanwhile); the first call waits for
-    it and raises the error if building it failed. Implements :class:`~areal_agents.rollout.interface.Rollout`.
+    ``registrations_blob`` comes from :func:`registrations`; ``child`` is one started earlier by
+    :func:`start_child` (default: a new one). The child builds its executor while the caller goes
+    on; the first call waits for it and raises the error if building it failed. Implements
+    :class:`~areal_agents.rollout.interface.Rollout`.
     """
 
     runs_in = "its own process"
 
     def __init__(self, cfg: ExperimentConfig, addresses: list[str], model_path: str, *,
-                 registrations_blob: bytes, build: Build = build_executor) -> None:
-        ours, theirs = socket.socketpair()
-        with theirs:  # a fresh interpreter: the script that started the run is not imported again
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", f"from areal_agents.rollout.process import _child; _child({theirs.fileno()})"],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        self._conn = Connection(ours.detach())
+                 registrations_blob: bytes, build: Build = build_executor, child: RolloutChild | None = None) -> None:
+        self._proc, self._conn = child or start_child()
         self._conn.send((list(sys.path), registrations_blob, cfg, list(addresses), model_path, build))
         self.cfg = cfg.rollout
         self._lock = threading.Lock()

@@ -19,6 +19,7 @@ from areal_agents.inference.launcher import (
     free_port,
     launch_servers,
     sglang_command,
+    starting_servers,
 )
 
 
@@ -70,6 +71,17 @@ def test_failed_launch_raises_with_log_and_leaves_no_process(tmp_path: Path) -> 
     assert "exited with code" in str(info.value)  # seen as the process exited, not at setup_timeout
     logs = sorted(tmp_path.glob("server-*.log"))
     assert len(logs) == 2
+
+
+def test_starting_servers_yields_while_they_start_and_waiting_says_why_one_failed(tmp_path: Path) -> None:
+    cfg = ExperimentConfig()
+    cfg.inference.setup_timeout = 60.0
+    with starting_servers(cfg, str(tmp_path / "no-model"), tmp_path) as ready:
+        started = sorted(tmp_path.glob("server-*.log"))  # the processes run while the caller sets itself up
+        with pytest.raises(LaunchError, match="config.json") as info:
+            ready()
+    assert len(started) == cfg.inference.num_servers
+    assert "exited with code" in str(info.value)
 
 
 def test_control_payloads() -> None:
