@@ -22,8 +22,17 @@ def start_rollout_child(cfg: ExperimentConfig, stack: contextlib.ExitStack) -> R
     if not (cfg.rollout.process and cfg.mode in ("full", "online")):
         return None
     child = start_child()
-    stack.callback(child[1].close)
+    stack.callback(_close, child)
     return child
+
+
+def _close(child: RolloutChild) -> None:
+    """The end of a child that no rollout took (one that did was shut down with its rollout)."""
+    proc, conn = child
+    conn.close()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def rollout_executor(cfg: ExperimentConfig, addresses: list[str], model_path: str, tokenizer: Any,

@@ -8,7 +8,8 @@ in a child process and forwards its calls over a socket: the calls of the
 raised in the child is raised again in the caller.
 
 The child's rollout is built by :func:`build_executor` (or the ``build`` function given, e.g. an
-online run's) from the run's config, server addresses and model path. It starts from a fresh interpreter, so it receives the parent's registrations (envs,
+online run's) from the run's config, server addresses and model path. It starts from a fresh interpreter, so it receives the parent's environment variables as they
+are when the build is sent (a child started early misses none set since) and registrations (envs,
 agents, rewards, datasets): registered classes and functions travel by reference and are
 imported again there. The script being run (``__main__``) is not imported again (unguarded, it
 would start another run), so what it defines itself stays behind. The child ignores SIGINT and SIGTERM (the trainer decides when a run
@@ -147,8 +148,9 @@ def _register(blob: bytes) -> None:
 
 
 def _child(fd: int) -> None:
-    """The child's entry point (``python -c``): takes the parent's ``sys.path``, builds the executor,
-    then answers calls (``shutdown`` among them) until the parent closes the socket or is gone."""
+    """The child's entry point (``python -c``): takes the parent's ``sys.path`` and environment
+    variables (as they are when the build is sent), builds the executor, then answers calls
+    (``shutdown`` among them) until the parent closes the socket or is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_parent(os.getppid(), signal=signal.SIGKILL)  # even while a call blocks (its reply has nobody to go to)
@@ -157,8 +159,12 @@ def _child(fd: int) -> None:
     try:
         with quiet_setup():  # the run's modules, its registrations and the tokenizer: no collections
             from transformers import AutoTokenizer  # noqa: F401 - what builds load (2 s), before the build comes
-            path, blob, cfg, addresses, model_path, build = conn.recv()
+            path, environ = conn.recv()  # first, so that what comes next is unpickled with them
             sys.path[:] = path
+            for name in set(os.environ) - set(environ):
+                del os.environ[name]
+            os.environ.update(environ)  # as the parent's when it sent the build ($AREAL_AGENTS_JUDGE_URL, ...)
+            blob, cfg, addresses, model_path, build = conn.recv()
             try:
                 _register(blob)
                 executor = build(cfg, addresses, model_path)
@@ -227,7 +233,8 @@ class RolloutProcess:
     def __init__(self, cfg: ExperimentConfig, addresses: list[str], model_path: str, *,
                  registrations_blob: bytes, build: Build = build_executor, child: RolloutChild | None = None) -> None:
         self._proc, self._conn = child or start_child()
-        self._conn.send((list(sys.path), registrations_blob, cfg, list(addresses), model_path, build))
+        self._conn.send((list(sys.path), dict(os.environ)))
+        self._conn.send((registrations_blob, cfg, list(addresses), model_path, build))
         self.cfg = cfg.rollout
         self._lock = threading.Lock()
         self._seq = itertools.count(1)

@@ -24,7 +24,7 @@ from areal_agents.config.loader import import_user_module
 from areal_agents.env import TurnLimitedEnv
 from areal_agents.inference.launcher import ServerHandle, launch_servers
 from areal_agents.registry import envs, register_dataset, register_env
-from areal_agents.rollout.process import RolloutProcess, RolloutProcessDied, registrations
+from areal_agents.rollout.process import RolloutProcess, RolloutProcessDied, registrations, start_child
 from areal_agents.types import Trajectory
 from trainers.tiny_model import build_tiny_model
 
@@ -194,6 +194,25 @@ def test_a_build_error_is_raised_in_the_parent(server: ServerHandle, model: Path
     finally:
         proc.shutdown()
     assert proc._proc.poll() is not None
+
+
+def environment_probe_build(cfg: ExperimentConfig, addresses: list[str], model_path: str) -> Any:
+    """A build that fails with what the child sees of ``$ROLLOUT_CHILD_PROBE``."""
+    raise LookupError(os.environ.get("ROLLOUT_CHILD_PROBE", "unset"))
+
+
+def test_a_child_started_early_takes_the_environment_as_it_is_when_the_build_is_sent(
+        server: ServerHandle, model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    child = start_child()  # as a run starts it, before its judge's server exports $AREAL_AGENTS_JUDGE_URL
+    monkeypatch.setenv("ROLLOUT_CHILD_PROBE", "set after the child started")
+    proc = RolloutProcess(config(), [server.address], str(model), registrations_blob=registrations(),
+                          build=environment_probe_build, child=child)
+    try:
+        with pytest.raises(LookupError, match="set after the child started"):
+            proc.set_version(0)
+    finally:
+        proc.shutdown()
+    assert child[0].poll() is not None
 
 
 def test_a_killed_child_is_reported_in_one_line(server: ServerHandle, model: Path) -> None:
