@@ -317,7 +317,8 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     main, run_dir = rank == 0, Path(cfg.run_dir)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    display, t_start = RunDisplay(cfg, enabled=cfg.logging.progress and main), time.monotonic()
+    display = RunDisplay(cfg, enabled=cfg.logging.progress and main)
+    t_start = time.monotonic()
     tdist.seed_all(cfg.seed + rank)  # random, numpy and torch
 
     # 1. The model: a user's HF dir, or the tiny default, built and SFT-warm-started once (cached).
@@ -330,20 +331,16 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     resume_from = _resume_point(ckpt, cfg.trainer.recover) if cfg.mode in ("full", "online") else None
     if main:  # after the checks above, so that a refused run leaves the directory as it was
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    tokenizer, spec = AutoTokenizer.from_pretrained(model_path), get_algorithm(cfg.algorithm.name)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    spec = get_algorithm(cfg.algorithm.name)
     logger = MetricsLogger(run_dir, cfg.logging, resume=resume_from is not None,
                            config={"experiment": cfg.experiment_name}) if main else None
     if cfg.mode == "train":  # trainer-only debug mode
         return _Rank0(cfg, tokenizer, display, logger).finish(train_from_file(cfg, model_path, spec, logger))
 
     with contextlib.ExitStack() as stack:
-        # 2. Rank 0's servers and rollout process start, the trainer is built while they load.
-        servers, child = ((stack.enter_context(starting_servers(cfg, model_path)), start_rollout_child(cfg, stack))
-                          if main else (None, None))
-        _trainer_threads(cfg)
-        engine = build_engine(cfg, model_path, spec) if cfg.mode != "rollout" else None
-        r0 = (_Rank0.start_servers(cfg, stack, servers(), model_path, tokenizer, display, logger, child)
-              if servers is not None else _Rank0(cfg, tokenizer, display, logger))
+        # 2. Rank 0's servers and rollout process start; the trainer is built while they load.
+        r0, engine = _set_up(cfg, stack, main, model_path, spec, tokenizer, display, logger)
         if engine is None:  # inference-only debug mode
             return r0.finish(r0.rollout_only(run_dir))
 
@@ -391,6 +388,20 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         }
         summary.update(r0.ledger())
     return r0.finish(summary, plots=True)
+
+
+def _set_up(cfg: ExperimentConfig, stack: contextlib.ExitStack, main: bool, model_path: str, spec: AlgorithmSpec,
+            tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None) -> tuple[_Rank0, TrainEngine | None]:
+    """Step 2 of :func:`run`: rank 0's servers and rollout process start, the trainer is built
+    (every rank; none with ``mode=rollout``) while they load, then rank 0's duties for the
+    servers' addresses."""
+    servers = stack.enter_context(starting_servers(cfg, model_path)) if main else None
+    child = start_rollout_child(cfg, stack) if main else None
+    _trainer_threads(cfg)
+    engine = build_engine(cfg, model_path, spec) if cfg.mode != "rollout" else None
+    if servers is None:
+        return _Rank0(cfg, tokenizer, display, logger), engine
+    return _Rank0.start_servers(cfg, stack, servers(), model_path, tokenizer, display, logger, child), engine
 
 
 def _start_trainer(cfg: ExperimentConfig, engine: TrainEngine, r0: _Rank0, ckpt: Checkpointer,

@@ -161,8 +161,7 @@ def _child(fd: int) -> None:
             from transformers import AutoTokenizer  # noqa: F401 - what builds load (2 s), before the build comes
             path, environ = conn.recv()  # first, so that what comes next is unpickled with them
             sys.path[:] = path
-            for name in set(os.environ) - set(environ):
-                del os.environ[name]
+            os.environ.clear()
             os.environ.update(environ)  # as the parent's when it sent the build ($AREAL_AGENTS_JUDGE_URL, ...)
             blob, cfg, addresses, model_path, build = conn.recv()
             try:
