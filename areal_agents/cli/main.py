@@ -29,6 +29,7 @@ from areal_agents.inference.launcher import add_serve_args
 from areal_agents.registry import KINDS, RegistryError
 from areal_agents.rewards.worker import check_not_in_worker
 from areal_agents.runtime.cpus import yield_idle_threads
+from areal_agents.runtime.heap import keep_freed_memory
 from areal_agents.runtime.stopping import Terminated, stop_on_signals
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -101,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``areal-agents`` console script."""
     check_not_in_worker()  # an unguarded script, imported by a reward worker for a reward defined in it
     yield_idle_threads()  # before any command imports torch
+    keep_freed_memory()  # here and in the servers, ranks and rollout process it starts
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

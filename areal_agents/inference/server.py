@@ -26,7 +26,7 @@ from areal_agents.inference._events import stream_each, stream_one
 from areal_agents.inference._http import error, error_middleware, read_json
 from areal_agents.inference._weights import WeightGroups, load_state_dict
 from areal_agents.inference.protocol import BadRequest, GenerateSpec, flag, parse_generate, require, response_body
-from areal_agents.runtime.heap import freeze_setup, quiet_setup
+from areal_agents.runtime.heap import freeze_setup, keep_freed_memory, quiet_setup
 
 __all__ = ["cli_serve", "create_app", "load_model", "load_state_dict", "main", "serve"]
 
@@ -389,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m areal_agents.inference.server --model DIR [--port N] ...``."""
     from areal_agents.inference.launcher import add_serve_args
 
+    keep_freed_memory()  # as a run's command line would have (a server started on its own)
     parser = add_serve_args(argparse.ArgumentParser(prog="python -m areal_agents.inference.server"))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.model:

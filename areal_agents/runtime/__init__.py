@@ -6,7 +6,8 @@
 * :mod:`.stopping` — SIGINT/SIGTERM as a clean stop;
 * :mod:`.ids` — completion and tool-call ids and episode keys without a system call each;
 * :mod:`.hosts` — whether an address to listen on stays on this machine;
-* :mod:`.heap` — :func:`quiet_setup` and :func:`freeze_setup`, the garbage collector kept off what setup leaves alive.
+* :mod:`.heap` — :func:`quiet_setup` and :func:`freeze_setup`, the garbage collector kept off what setup leaves alive;
+  :func:`keep_freed_memory`, freed memory kept for the next allocation.
 """
 
 from __future__ import annotations

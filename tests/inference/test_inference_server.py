@@ -189,6 +189,33 @@ def test_concurrent_requests_share_forward_passes(server: ServerHandle) -> None:
     assert "embedded_mean_batch_size" in metrics
 
 
+def _page_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/PID/stat``, field 10)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def test_steady_decoding_reuses_freed_memory(server: ServerHandle) -> None:
+    """The server keeps freed memory for the next step's tensors (runtime.heap.keep_freed_memory):
+    once warm, decoding costs next to no page faults. Without it each decode step's blocks were
+    mapped afresh, ~0.65 faults per generated token here (0.03 with it)."""
+    async def rounds(n: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            async def one(i: int) -> Any:
+                body = {"input_ids": [3 + i % 50, 4, 5, 6], "sampling_params": {"max_new_tokens": 32, "ignore_eos": True}}
+                async with session.post(server.url + "/generate", json=body) as r:
+                    return await r.json()
+
+            for _ in range(n):
+                outs = await asyncio.gather(*(one(i) for i in range(64)))
+                assert all(len(o["output_ids"]) == 32 for o in outs)
+
+    asyncio.run(rounds(1))  # warm: the batch's sizes seen once
+    before = _page_faults(server.process.pid)
+    asyncio.run(rounds(5))
+    per_token = (_page_faults(server.process.pid) - before) / (5 * 64 * 32)
+    assert per_token < 0.2, f"{per_token:.2f} page faults per generated token"
+
+
 def test_model_info_health_and_control(server: ServerHandle) -> None:
     info = httpx.get(server.url + "/model_info").json()
     assert info["is_generation"] is True and info["weight_version"] == "0" and Path(info["model_path"]).is_dir()

@@ -86,3 +86,25 @@ def test_quiet_setup_collects_nothing_inside_then_freezes_and_turns_the_collecto
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "ok\n"
+
+
+def test_keep_freed_memory_sets_the_allocator_here_and_for_children_unless_the_user_did() -> None:
+    code = textwrap.dedent("""
+        import os, subprocess, sys
+        from areal_agents.runtime.heap import FREED_MEMORY_KEPT, keep_freed_memory
+
+        for name in FREED_MEMORY_KEPT:
+            os.environ.pop(name, None)
+        assert keep_freed_memory() is True
+        assert {k: os.environ[k] for k in FREED_MEMORY_KEPT} == {k: str(v) for k, v in FREED_MEMORY_KEPT.items()}
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['MALLOC_TRIM_THRESHOLD_'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        assert child == str(64 << 20), child  # a server or rank started now reads them at its start
+        assert keep_freed_memory() is False  # set: a second call (a server under a run) changes nothing
+        mine = {"MALLOC_TRIM_THRESHOLD_": "131072"}  # the user's own choice is kept, the other is not added
+        assert keep_freed_memory(mine) is False and mine == {"MALLOC_TRIM_THRESHOLD_": "131072"}
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
