@@ -176,9 +176,8 @@ class _Rank0:
     def start_servers(cls, cfg: ExperimentConfig, stack: contextlib.ExitStack, addresses: list[str], model_path: str,
                       tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
                       child: RolloutChild | None) -> _Rank0:
-        """The judge's server, the rollout executor (in ``child`` when it runs in a process), and
-        the evals' own reward runner, for the inference servers at ``addresses``."""
-        stack.enter_context(judge_server(cfg))  # before the processes whose judges ask it ($AREAL_AGENTS_JUDGE_URL)
+        """The rollout executor (in ``child`` when it runs in a process) and the evals' own reward
+        runner, for the inference servers at ``addresses`` (the judge's, if any, is ready too)."""
         executor = rollout_executor(cfg, addresses, model_path, tokenizer, display, child)
         stack.callback(executor.shutdown)
         eval_rewards = stack.enter_context(RewardRunner.for_rollout(cfg.rollout))
@@ -392,16 +391,18 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def _set_up(cfg: ExperimentConfig, stack: contextlib.ExitStack, main: bool, model_path: str, spec: AlgorithmSpec,
             tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None) -> tuple[_Rank0, TrainEngine | None]:
-    """Step 2 of :func:`run`: rank 0's servers and rollout process start, the trainer is built
-    (every rank; none with ``mode=rollout``) while they load, then rank 0's duties for the
-    servers' addresses."""
+    """Step 2 of :func:`run`: rank 0's servers (the judge's too) and rollout process start, the
+    trainer is built (every rank; none with ``mode=rollout``) while they load, then rank 0's duties
+    for the servers' addresses."""
     servers = stack.enter_context(starting_servers(cfg, model_path)) if main else None
+    judge = stack.enter_context(judge_server(cfg)) if main else None  # $AREAL_AGENTS_JUDGE_URL set for the rollout
     child = start_rollout_child(cfg, stack) if main else None
     _trainer_threads(cfg)
     engine = build_engine(cfg, model_path, spec) if cfg.mode != "rollout" else None
-    if servers is None:
+    if servers is None or judge is None:
         return _Rank0(cfg, tokenizer, display, logger), engine
-    return _Rank0.start_servers(cfg, stack, servers(), model_path, tokenizer, display, logger, child), engine
+    addresses, _ = servers(), judge()  # both ready before the first episode
+    return _Rank0.start_servers(cfg, stack, addresses, model_path, tokenizer, display, logger, child), engine
 
 
 def _start_trainer(cfg: ExperimentConfig, engine: TrainEngine, r0: _Rank0, ckpt: Checkpointer,

@@ -323,20 +323,24 @@ JUDGE_URL_ENV = "AREAL_AGENTS_JUDGE_URL"
 
 
 @contextlib.contextmanager
-def judge_server(cfg: ExperimentConfig, log_dir: str | os.PathLike[str] | None = None) -> Iterator[str | None]:
+def judge_server(cfg: ExperimentConfig, log_dir: str | os.PathLike[str] | None = None) -> Iterator[Callable[[], str | None]]:
     """The run's judge (``judge.model_path``): one server of that model on ``inference.backend``,
-    frozen (no weight sync reaches it), its OpenAI base URL exported as ``$AREAL_AGENTS_JUDGE_URL``
-    to the processes started after it (the rollout's and the reward workers); nothing without one."""
+    frozen (no weight sync reaches it), on a port chosen at once so that its OpenAI base URL is
+    exported as ``$AREAL_AGENTS_JUDGE_URL`` at once, to the processes started (or built) after it:
+    the rollout's and the reward workers. Yields as soon as its process is started, so that the run
+    sets itself up while it loads; calling what it yields waits for it (:meth:`ServerGroup.wait_ready`)
+    and returns the URL. Without a judge it yields a call that returns None."""
     if not cfg.judge.model_path:
-        yield None
+        yield lambda: None
         return
     logs = Path(log_dir) if log_dir is not None else Path(cfg.run_dir) / "logs" / "judge"
-    with launch_servers(cfg, cfg.judge.model_path, 1, log_dir=logs) as group:
+    with launch_servers(cfg, cfg.judge.model_path, 1, log_dir=logs, ports=[free_port(cfg.inference.host)],
+                        wait=False) as group:
         url = f"http://{group.addresses[0].removeprefix('http://')}/v1"
         before = os.environ.get(JUDGE_URL_ENV)
         os.environ[JUDGE_URL_ENV] = url
         try:
-            yield url
+            yield lambda: (group.wait_ready(), url)[1]
         finally:
             if before is None:
                 os.environ.pop(JUDGE_URL_ENV, None)

@@ -17,6 +17,7 @@ from areal_agents.inference.launcher import (
     check_sglang,
     embedded_command,
     free_port,
+    judge_server,
     launch_servers,
     sglang_command,
     starting_servers,
@@ -82,6 +83,24 @@ def test_starting_servers_yields_while_they_start_and_waiting_says_why_one_faile
             ready()
     assert len(started) == cfg.inference.num_servers
     assert "exited with code" in str(info.value)
+
+
+def test_judge_server_exports_its_url_before_it_is_ready_and_waiting_says_why_it_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AREAL_AGENTS_JUDGE_URL", raising=False)
+    with judge_server(ExperimentConfig()) as none:  # no judge.model_path: nothing started, nothing exported
+        assert none() is None and "AREAL_AGENTS_JUDGE_URL" not in os.environ
+    cfg = ExperimentConfig()
+    cfg.judge.model_path = str(tmp_path / "no-model")
+    cfg.inference.setup_timeout = 60.0
+    with judge_server(cfg, tmp_path) as ready:
+        url = os.environ["AREAL_AGENTS_JUDGE_URL"]  # set at once: a rollout built now finds its judge
+        assert url.startswith(f"http://{cfg.inference.host}:") and url.endswith("/v1")
+        assert int(url.split(":")[-1].removesuffix("/v1")) > 0  # the port chosen before the server is up
+        assert sorted(tmp_path.glob("server-*.log"))  # its process runs while the caller sets itself up
+        with pytest.raises(LaunchError, match="config.json"):
+            ready()
+    assert "AREAL_AGENTS_JUDGE_URL" not in os.environ
 
 
 def test_control_payloads() -> None:
