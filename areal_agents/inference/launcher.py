@@ -339,8 +339,13 @@ def judge_server(cfg: ExperimentConfig, log_dir: str | os.PathLike[str] | None =
         url = f"http://{group.addresses[0].removeprefix('http://')}/v1"
         before = os.environ.get(JUDGE_URL_ENV)
         os.environ[JUDGE_URL_ENV] = url
+
+        def ready() -> str:
+            group.wait_ready()
+            return url
+
         try:
-            yield lambda: (group.wait_ready(), url)[1]
+            yield ready
         finally:
             if before is None:
                 os.environ.pop(JUDGE_URL_ENV, None)

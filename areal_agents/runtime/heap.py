@@ -40,10 +40,9 @@ def keep_freed_memory(environ: MutableMapping[str, str] | None = None) -> bool:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    for name, value in FREED_MEMORY_KEPT.items():
-        if not mallopt(_MALLOPT[name], value):
-            return False
-        env[name] = str(value)
+    if not all(mallopt(_MALLOPT[name], value) for name, value in FREED_MEMORY_KEPT.items()):
+        return False
+    env.update({name: str(value) for name, value in FREED_MEMORY_KEPT.items()})  # for the processes it starts
     return True
 
 
