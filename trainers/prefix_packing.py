@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["Packed", "pack_prefixes", "packed_layout"]
@@ -48,49 +49,55 @@ class Packed:
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # stops at the shorter
+        if x != y:
+            return i
+    return min(len(a), len(b))
 
 
-def _sequences(rows: list[list[int]], order: list[int], lcp: list[int], max_len: int) -> list[list[int]]:
+def _trie_order(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The rows' depth-first trie order (sorted), and each row's common prefix with the row before it there."""
+    order = sorted(range(len(rows)), key=lambda b: rows[b])
+    return order, [0] + [_common(rows[order[k - 1]], rows[order[k]]) for k in range(1, len(order))]
+
+
+def _sequences(rows: list[list[int]], order: list[int], lcp: list[int], max_len: int) -> tuple[list[list[int]], list[int]]:
     """Rows (in ``order``) cut into packed sequences of at most ``max_len`` tokens (a row longer
-    than that gets one of its own)."""
+    than that gets one of its own), and each sequence's token count."""
     seqs: list[list[int]] = []
-    size = 0
+    sizes: list[int] = []
     for k, b in enumerate(order):
         new = len(rows[b]) - lcp[k]
-        if not seqs or size + new > max_len:
+        if not seqs or sizes[-1] + new > max_len:
             seqs.append([b])
-            size = len(rows[b])
+            sizes.append(len(rows[b]))
         else:
             seqs[-1].append(b)
-            size += new
-    return seqs
+            sizes[-1] += new
+    return seqs, sizes
 
 
-def packed_layout(rows: list[list[int]], max_len: int) -> tuple[list[list[int]], list[list[int]], list[int], list[int]]:
+def packed_layout(rows: list[list[int]], max_len: int, trie: tuple[list[int], list[int]] | None = None
+                  ) -> tuple[list[list[int]], list[list[int]], list[int], list[int]]:
     """``(sequences, paths, sizes, shared)``: row indices per packed sequence (in trie order), per
     row the packed position of each of its tokens within its sequence, each sequence's token
-    count, and per row how many of its first tokens an earlier row of its sequence placed."""
-    order = sorted(range(len(rows)), key=lambda b: rows[b])
-    lcp = [0] + [_common(rows[order[k - 1]], rows[order[k]]) for k in range(1, len(order))]
-    seqs = _sequences(rows, order, lcp, max_len)
+    count, and per row how many of its first tokens an earlier row of its sequence placed
+    (``trie``: :func:`_trie_order` of ``rows``, when the caller has it)."""
+    order, lcp = trie or _trie_order(rows)
+    seqs, sizes = _sequences(rows, order, lcp, max_len)
     paths: list[list[int]] = [[] for _ in rows]
     shared_of = [0] * len(rows)
-    sizes = []
+    k = 0  # the sequences are consecutive runs of ``order``
     for seq in seqs:
         prev: list[int] = []
         size = 0
         for i, b in enumerate(seq):
-            shared = _common(rows[seq[i - 1]], rows[b]) if i else 0
+            shared = lcp[k] if i else 0
+            k += 1
             new = len(rows[b]) - shared
             paths[b], shared_of[b] = prev[:shared] + list(range(size, size + new)), shared
             size += new
             prev = paths[b]
-        sizes.append(size)
     return seqs, paths, sizes, shared_of
 
 
@@ -104,15 +111,15 @@ def pack_prefixes(input_ids: torch.Tensor, lens: Sequence[int], cost: Cost | Non
     or no layout costs less than ``margin`` times the padded rows. Padding (id 0) ends each packed sequence and attends only to the
     sequence's first token, so no real token attends to it and no softmax row is empty.
     """
-    rows = [input_ids[b, : int(n)].tolist() for b, n in enumerate(lens)]
+    rows = [row[: int(n)] for row, n in zip(input_ids.tolist(), lens, strict=True)]
     longest = max((len(r) for r in rows), default=0)
     if longest == 0 or len({r[0] for r in rows if r}) == sum(1 for r in rows if r):
         return None
     cost = cost or (lambda n, length: float(n * length))
     best, best_cost = None, margin * cost(len(rows), int(input_ids.shape[1]))
-    cap = longest
+    cap, trie = longest, _trie_order(rows)
     while True:
-        sizes = packed_layout(rows, cap)[2]
+        sizes = _sequences(rows, *trie, cap)[1]
         n_seq, length = len(sizes), max(sizes)
         if cost(n_seq, length) < best_cost:
             best, best_cost = cap, cost(n_seq, length)
@@ -121,27 +128,30 @@ def pack_prefixes(input_ids: torch.Tensor, lens: Sequence[int], cost: Cost | Non
         cap *= 2
     if best is None:
         return None
-    return _build(rows, input_ids.shape, *packed_layout(rows, best))
+    return _build(rows, input_ids.shape, *packed_layout(rows, best, trie))
 
 
 def _build(rows: list[list[int]], shape: torch.Size, seqs: list[list[int]], paths: list[list[int]],
            sizes: list[int], shared: list[int]) -> Packed:
+    """The layout's tensors, filled row by row in numpy (a few array writes a row; torch's
+    per-call overhead on small index tensors cost more than the writes themselves)."""
     n_seq, length = len(seqs), max(sizes)
-    ids = torch.zeros((n_seq, length), dtype=torch.long)
-    pos = torch.zeros((n_seq, length), dtype=torch.long)
-    mask = torch.zeros((n_seq, length, length), dtype=torch.bool)
+    ids = np.zeros((n_seq, length), dtype=np.int64)
+    pos = np.zeros((n_seq, length), dtype=np.int64)
+    mask = np.zeros((n_seq, length, length), dtype=np.bool_)
     for s, size in enumerate(sizes):
         mask[s, size:, 0] = True  # padding attends to the sequence's first token
-    gather = torch.zeros(tuple(shape), dtype=torch.long)
-    tril = torch.ones(length, length, dtype=torch.bool).tril()
+    gather = np.zeros(tuple(shape), dtype=np.int64)
+    tril = np.tri(length, dtype=np.bool_)
     for s, seq in enumerate(seqs):
         for b in seq:
             path, n = paths[b], len(rows[b])
             if not n:
                 continue
-            at, k = torch.tensor(path), shared[b]
-            ids[s, at[k:]] = torch.tensor(rows[b][k:], dtype=torch.long)
-            pos[s, at[k:]] = torch.arange(k, n)
-            mask[s, at[k:, None], at[None, :]] = tril[k:n, :n]  # a placed token's row was written by its placer
-            gather[b, :n] = s * length + at
-    return Packed(ids, pos, mask[:, None], gather)
+            at, k = np.asarray(path, dtype=np.int64), shared[b]
+            new = at[k:]
+            ids[s, new] = rows[b][k:]
+            pos[s, new] = np.arange(k, n)
+            mask[s, new[:, None], at[None, :]] = tril[k:n, :n]  # a placed token's row was written by its placer
+            gather[b, :n] = at + s * length
+    return Packed(torch.from_numpy(ids), torch.from_numpy(pos), torch.from_numpy(mask)[:, None], torch.from_numpy(gather))
