@@ -11,6 +11,7 @@ so the NCCL weight path can be driven (and tested) without a GPU (defined in
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Sequence
@@ -71,6 +72,8 @@ _TOP_ALL = _TOP_LEVEL | _HINTS_TOP | set(_NEUTRAL_TOP)
 
 
 _SAMPLING_EPS = 1e-6
+_RID_PREFIX = uuid.uuid4().hex[:16]  # ids the server gives requests without one: a random prefix, then a count
+_rid_count = itertools.count()
 
 
 class BadRequest(ValueError):
@@ -256,7 +259,7 @@ def parse_generate(body: dict[str, Any], tokenizer: PreTrainedTokenizerBase, voc
     for i, (prompt, r, sp, lp, lora) in enumerate(zip(prompts, rids, sps, logprob_args, loras, strict=True)):
         start = lp["logprob_start_len"]
         require(start <= len(prompt), f"'logprob_start_len' ({start}) is larger than prompt {i}'s {len(prompt)} tokens")
-        base = r if r is not None else uuid.uuid4().hex
+        base = r if r is not None else f"{_RID_PREFIX}{next(_rid_count):016x}"  # unique as uuid4's, no syscall
         n, seed = sp.pop("n"), sp.pop("sampling_seed")
         for j in range(n):  # n samples of one seeded request: seeds seed, seed + 1, ...
             specs.append(GenerateSpec(rid=base if n == 1 else f"{base}-{j}", prompt=prompt, lora_path=lora,

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -79,7 +80,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         futures.append(fut)
         req = GenRequest(
             spec, budget=min(spec.max_new_tokens, engine.context_len - len(spec.prompt)),
-            done=_resolve_from_thread(fut),
+            done=_finished(request.app).callback(fut),
             on_token=(lambda r: loop.call_soon_threadsafe(progress.put_nowait, None)) if stream and not as_list else None,
         )
         reqs.append(req)
@@ -109,14 +110,40 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return web.json_response(bodies if as_list else bodies[0])
 
 
-def _resolve_from_thread(fut: asyncio.Future[GenRequest]) -> Callable[[GenRequest], object]:
-    """A ``done`` callback, for the decode thread, that resolves ``fut`` with its request."""
-    return lambda req: fut.get_loop().call_soon_threadsafe(_resolve, fut, req)
+class _Finished:
+    """Requests the decode thread finishes, handed to the event loop: one wake-up of the loop for
+    all that finish before it runs (a decode step ends many at once), not a wake-up each; a
+    batch's stream then sends them in one write."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop, self._lock = loop, threading.Lock()
+        self._ready: list[tuple[asyncio.Future[GenRequest], GenRequest]] = []
+
+    def callback(self, fut: asyncio.Future[GenRequest]) -> Callable[[GenRequest], object]:
+        """A ``done`` callback, for the decode thread, that resolves ``fut`` with its request."""
+        return lambda req: self._add(fut, req)
+
+    def _add(self, fut: asyncio.Future[GenRequest], req: GenRequest) -> None:
+        with self._lock:
+            self._ready.append((fut, req))
+            first = len(self._ready) == 1
+        if first:  # the others join this wake-up's list until it runs
+            self._loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for fut, req in ready:
+            if not fut.done():
+                fut.set_result(req)
 
 
-def _resolve(fut: asyncio.Future[GenRequest], req: GenRequest) -> None:
-    if not fut.done():
-        fut.set_result(req)
+def _finished(app: web.Application) -> _Finished:
+    """The app's hand-off of finished requests (made on its event loop's first request)."""
+    state = app[_STATE]
+    if "finished" not in state:
+        state["finished"] = _Finished(asyncio.get_running_loop())
+    return state["finished"]  # type: ignore[no-any-return]
 
 
 def _update_flags(body: dict[str, Any]) -> tuple[str | None, dict[str, bool]]:
@@ -246,7 +273,7 @@ async def _health_generate(request: web.Request) -> web.Response:
         return web.Response(status=200)
     fut: asyncio.Future[GenRequest] = asyncio.get_running_loop().create_future()
     req = GenRequest(GenerateSpec(rid="health", prompt=[engine.pad_id], max_new_tokens=1, temperature=0.0),
-                     done=_resolve_from_thread(fut))
+                     done=_finished(request.app).callback(fut))
     engine.submit(req)
     try:
         await asyncio.wait_for(fut, timeout=20)
