@@ -59,6 +59,7 @@ def sft_loss(logp: torch.Tensor, mb: Mapping[str, torch.Tensor], cfg: AlgorithmC
 
 def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
     out = []
+    made: dict[tuple[int, int], Trajectory] = {}  # examples that share their lists (render_examples') share one
     for i, example in enumerate(examples):
         if isinstance(example, Trajectory):
             if not any(example.loss_mask):
@@ -66,6 +67,9 @@ def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
             out.append(example)
             continue
         prompt, completion = example
+        if (id(prompt), id(completion)) in made:  # the same objects, alive in ``examples``: the same example
+            out.append(made[id(prompt), id(completion)])
+            continue
         if isinstance(prompt, str) != isinstance(completion, str):
             raise ValueError(f"example {i}: prompt and completion must both be text or both token ids")
         if isinstance(prompt, str):  # sft_train has loaded a tokenizer for text examples
@@ -75,7 +79,7 @@ def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
             p, c = [int(t) for t in prompt], [int(t) for t in completion]
         if not p or not c:
             raise ValueError(f"example {i}: prompt and completion must be non-empty")
-        out.append(_trajectory(p, c))
+        out.append(made.setdefault((id(prompt), id(completion)), _trajectory(p, c)))
     return out
 
 
@@ -251,6 +255,8 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Seque
     prompts: list[list[int]] = []
     examples: list[tuple[list[int], list[int]] | Trajectory] = []
     replayed: dict[str, Trajectory] = {}  # rows repeat: replay each conversation once
+    rendered: dict[str, list[int]] = {}  # and render each prompt once (a warm start's 64,000 rows of math hold ~7,300)
+    encoded: dict[str, list[int]] = {}
     for row in rows:
         conv = reference_conversation(env, row)
         if conv is not None:
@@ -263,14 +269,19 @@ def render_examples(cfg: ExperimentConfig, tokenizer: Any, env: Env, rows: Seque
             examples.append(traj)
             prompts.append(traj.input_ids[: traj.turn_spans[0][0]])
             continue
-        messages = ([{"role": "system", "content": cfg.agent.system_prompt}] if cfg.agent.system_prompt else [])
-        messages.append({"role": "user", "content": str(row["prompt"])})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        p = tokenizer.encode(text, add_special_tokens=False)
+        prompt = str(row["prompt"])
+        if prompt not in rendered:
+            messages = ([{"role": "system", "content": cfg.agent.system_prompt}] if cfg.agent.system_prompt else [])
+            messages.append({"role": "user", "content": prompt})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered[prompt] = tokenizer.encode(text, add_special_tokens=False)
+        p = rendered[prompt]
         prompts.append(p)
         ref = reference_completion(env, row)
         if ref is not None:
-            examples.append((p, tokenizer.encode(ref, add_special_tokens=False) + [tokenizer.eos_token_id]))
+            if ref not in encoded:
+                encoded[ref] = tokenizer.encode(ref, add_special_tokens=False) + [tokenizer.eos_token_id]
+            examples.append((p, encoded[ref]))
     return examples, prompts
 
 
