@@ -116,7 +116,7 @@ class _Finished:
     batch's stream then sends them in one write."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop, self._lock = loop, threading.Lock()
+        self.loop, self._lock = loop, threading.Lock()
         self._ready: list[tuple[asyncio.Future[GenRequest], GenRequest]] = []
 
     def callback(self, fut: asyncio.Future[GenRequest]) -> Callable[[GenRequest], object]:
@@ -128,7 +128,7 @@ class _Finished:
             self._ready.append((fut, req))
             first = len(self._ready) == 1
         if first:  # the others join this wake-up's list until it runs
-            self._loop.call_soon_threadsafe(self._resolve)
+            self.loop.call_soon_threadsafe(self._resolve)
 
     def _resolve(self) -> None:
         with self._lock:
@@ -139,10 +139,11 @@ class _Finished:
 
 
 def _finished(app: web.Application) -> _Finished:
-    """The app's hand-off of finished requests (made on its event loop's first request)."""
-    state = app[_STATE]
-    if "finished" not in state:
-        state["finished"] = _Finished(asyncio.get_running_loop())
+    """The app's hand-off of finished requests to the event loop that serves it (made anew if
+    the app is served on another loop)."""
+    loop, state = asyncio.get_running_loop(), app[_STATE]
+    if "finished" not in state or state["finished"].loop is not loop:
+        state["finished"] = _Finished(loop)
     return state["finished"]  # type: ignore[no-any-return]
 
 

@@ -396,3 +396,46 @@ def test_a_client_that_goes_away_frees_its_batch_slot(server: ServerHandle) -> N
         time.sleep(0.02)
     assert batching()["num_running"] == 0
     assert batching()["generated_tokens"] - before < 1000  # stopped early, not run to the end
+
+
+def test_requests_a_decode_step_finishes_wake_the_event_loop_once() -> None:
+    """The decode thread hands finished requests to the event loop in one wake-up per burst (all
+    that finish before the loop runs), each future resolved with its own request; the next burst
+    wakes it again."""
+    import threading
+
+    from areal_agents.inference.server import _Finished
+
+    loop = asyncio.new_event_loop()
+    wakeups: list[object] = []
+    schedule = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any) -> Any:
+        wakeups.append(callback)
+        return schedule(callback, *args)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+    finished = _Finished(loop)
+    try:
+        for burst in (1, 2):
+            futures = [loop.create_future() for _ in range(40)]
+            requests = [object() for _ in futures]
+            callbacks = [(finished.callback(f), r) for f, r in zip(futures, requests, strict=True)]
+            thread = threading.Thread(target=lambda calls=callbacks: [done(r) for done, r in calls])
+            thread.start()
+            thread.join()
+            loop.run_until_complete(asyncio.wait_for(asyncio.gather(*futures), 10))
+            assert [f.result() for f in futures] == requests
+            assert len(wakeups) == burst  # one a burst, not one a request
+    finally:
+        loop.close()
+
+
+def test_requests_without_an_rid_get_distinct_ones_and_an_rid_is_kept() -> None:
+    from areal_agents.inference.protocol import parse_generate
+
+    body = {"input_ids": [[1, 2], [3, 4], [5]], "sampling_params": {"max_new_tokens": 2}}
+    rids = [s.rid for _ in range(3) for s in parse_generate(body, None, 100, 64)[0]]
+    assert len(set(rids)) == len(rids) == 9
+    kept, _ = parse_generate({"input_ids": [1, 2], "rid": "mine", "sampling_params": {"n": 2}}, None, 100, 64)
+    assert [s.rid for s in kept] == ["mine-0", "mine-1"]

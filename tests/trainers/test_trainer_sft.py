@@ -11,7 +11,16 @@ import torch
 
 from areal_agents.config import ConfigError, SFTConfig
 from areal_agents.config.loader import load_config
-from trainers.sft import _trajectory, ensure_warm_model, exact_match_accuracy, run_sft, sft_loss, sft_train
+from trainers.sft import (
+    _to_ids,
+    _trajectory,
+    ensure_warm_model,
+    exact_match_accuracy,
+    render_examples,
+    run_sft,
+    sft_loss,
+    sft_train,
+)
 from trainers.tiny_model import build_tiny_model
 
 
@@ -109,6 +118,39 @@ def test_sft_rejects_mixed_examples(chat_model: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_examples_render_each_prompt_once_and_repeat_as_one_example(chat_model: Path) -> None:
+    """Rows repeat (a warm start reads sft.steps x sft.batch_size of them): each distinct prompt
+    goes through the chat template once, the examples are those of rendering every row alone,
+    and a repeated row trains as the same example."""
+    from transformers import AutoTokenizer
+
+    from areal_agents.gym.registration import make_env
+
+    cfg = load_config(None, ["env.name=math"])
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)  # byte-level: any text encodes
+    env = make_env("math")
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(12, 13), (14, 15), (12, 13), (16, 10), (14, 15)]]
+    rendered: list[Any] = []
+    template = tokenizer.apply_chat_template
+
+    def counted(messages: Any, **kw: Any) -> Any:
+        rendered.append(messages[-1]["content"])
+        return template(messages, **kw)
+
+    tokenizer.apply_chat_template = counted
+    examples, prompts = render_examples(cfg, tokenizer, env, rows)
+    assert sorted(rendered) == sorted({r["prompt"] for r in rows})  # 3 distinct prompts of 5 rows
+    tokenizer.apply_chat_template = template
+    for row, prompt, (p, c) in zip(rows, prompts, examples, strict=True):
+        alone = tokenizer.encode(template([{"role": "user", "content": row["prompt"]}], tokenize=False,
+                                          add_generation_prompt=True), add_special_tokens=False)
+        assert prompt == p == alone
+        assert c == tokenizer.encode(row["answer"], add_special_tokens=False) + [tokenizer.eos_token_id]
+    trajs = _to_ids(examples, tokenizer)
+    assert trajs[0] is trajs[2] and trajs[1] is trajs[4] and len({id(t) for t in trajs}) == 3
+    assert [t.input_ids for t in trajs] == [_trajectory(p, c).input_ids for p, c in examples]
+
+
 def test_warm_start_learns_two_digit_addition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default SFT budget takes the tiny model from ~0 to >= 50% greedy accuracy."""
     monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
