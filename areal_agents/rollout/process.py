@@ -173,6 +173,9 @@ def _child(fd: int) -> None:
         # Setup's objects (modules, tokenizer, config, the executor) live for the whole run: the
         # full collections that episodes set off skip them; young collections come 70x less often.
         freeze_setup(young=50_000)
+        # The parent's calls wait for the interpreter lock that the episodes' thread holds: it
+        # hands it over after at most this long (default 5 ms; a step makes about six calls)
+        sys.setswitchinterval(0.0005)
         conn.send((0, True, None))
         while True:
             seq, name, call_args = conn.recv()
