@@ -135,8 +135,8 @@ class ShardedModel:
             return
         model.train()  # dropout is 0 in these configs; train mode enables gradient checkpointing
         params = [p for p in model.parameters() if p.requires_grad] if self.lora else model.parameters()
-        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(a.betas[0], a.betas[1]), weight_decay=a.weight_decay,
-                                           fused=not self.sharded or None)  # plain tensors: the fused kernel
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(a.betas[0], a.betas[1]),
+                                           weight_decay=a.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, a.warmup_steps, total_steps, a.lr_schedule, a.min_lr_ratio))
 
