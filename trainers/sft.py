@@ -67,8 +67,9 @@ def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
             out.append(example)
             continue
         prompt, completion = example
-        if (id(prompt), id(completion)) in made:  # the same objects, alive in ``examples``: the same example
-            out.append(made[id(prompt), id(completion)])
+        key = (id(prompt), id(completion))  # the same objects, alive in ``examples``: the same example
+        if key in made:
+            out.append(made[key])
             continue
         if isinstance(prompt, str) != isinstance(completion, str):
             raise ValueError(f"example {i}: prompt and completion must both be text or both token ids")
@@ -79,7 +80,8 @@ def _to_ids(examples: Sequence[Example], tokenizer: Any) -> list[Trajectory]:
             p, c = [int(t) for t in prompt], [int(t) for t in completion]
         if not p or not c:
             raise ValueError(f"example {i}: prompt and completion must be non-empty")
-        out.append(made.setdefault((id(prompt), id(completion)), _trajectory(p, c)))
+        made[key] = _trajectory(p, c)
+        out.append(made[key])
     return out
 
 
