@@ -77,15 +77,14 @@ def curve_of(rows: list[dict[str, Any]], budget_s: float) -> tuple[list[list[flo
     origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval
     curve = [[0.0, 0, rows[0]["eval/accuracy"]]]
     eval_s, train_s, steps = 0.0, 0.0, 0
-    for row in rows[1:]:
-        if "time/train_s" not in row:  # the final eval row
-            continue
-        eval_s += row.get("time/eval_s", 0.0)
-        train_s, steps = row["time/elapsed_s"] - origin - eval_s, int(row["step"])
-        if "eval/accuracy" in row:
+    for row in rows[1:]:  # step rows, and eval rows after the step whose weights they measured
+        if "time/train_s" in row and train_s >= budget_s:
+            break  # past the budget: the run's own final eval alone closes the curve (below)
+        eval_s += row.get("time/eval_s", 0.0)  # what the loop stood still for
+        if "time/train_s" in row:
+            train_s, steps = row["time/elapsed_s"] - origin - eval_s, int(row["step"])
+        if "eval/accuracy" in row and curve[-1][1] < steps:  # one point a step (older runs: also in its row)
             curve.append([train_s, steps, row["eval/accuracy"]])
-        if train_s >= budget_s:
-            break
     final = rows[-1]
     if curve[-1][1] < steps and "eval/accuracy" in final and "time/train_s" not in final:
         curve.append([train_s, steps, final["eval/accuracy"]])

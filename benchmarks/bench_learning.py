@@ -12,7 +12,8 @@ batch, all in one process, generation and training taking turns. areal-agents is
 command (``areal-agents run``, embedded server, async rollout), run as a subprocess.
 
 Training time excludes evaluation and start-up on both sides: it is the wall time since the
-first step began minus the time spent in evals. Reported per system, over seeds: samples/s
+first step began minus the time the loop stood still for evals (areal-agents runs an eval between
+steps beside the next step, which then waits for it only if it is not done: that wait is what counts). Reported per system, over seeds: samples/s
 (trained; generated, which for areal-agents adds the groups its group filter set aside; and
 with a learning signal: samples in groups whose rewards are not all equal, the only ones
 whose group-normalised advantage is not zero, so the only ones that move the policy),
@@ -22,7 +23,7 @@ and ``learning.png`` (accuracy vs training time).
 
 Besides, per seed, the default command from the same warm start (``areal-agents run --env math
 actor.path=...``: 200 steps, an eval every 50) is timed whole, to give the share of its wall time
-that its evals take at the default eval interval.
+that its evals hold the loop at the default eval interval (and, beside it, the evals' own time).
 
 The targets: in the default command's 200 steps areal-agents trains at least as many samples a
 second as the plain loop generates and trains (over the whole budget it trains fewer: once the
@@ -181,15 +182,20 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
 
 def read_run(metrics: Path, budget_s: float, seed: int) -> dict[str, Any]:
     """A run's curve and counts from its ``metrics.jsonl``, up to ``budget_s`` of training time."""
-    rows = [json.loads(line) for line in metrics.open()]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
     curve, eval_s, samples, steps, dropped = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0, 0.0
+    train_s = 0.0
     signal = 0.0
     phase = {"rollout_wait_s": 0.0, "train_s": 0.0, "sync_s": 0.0}
-    for row in rows[1:]:
-        if "time/train_s" not in row:  # the final eval row
+    for row in rows[1:]:  # step rows, and eval rows after the step whose weights they measured
+        if "time/train_s" in row and train_s >= budget_s:
+            break  # past the budget: the run's own final eval alone closes the curve (below)
+        eval_s += row.get("time/eval_s", 0.0)  # what the loop stood still for
+        if "time/train_s" not in row:
+            if "eval/accuracy" in row and curve[-1][0] < train_s:  # one point a step (older runs: also in its row)
+                curve.append([train_s, row["eval/accuracy"]])
             continue
-        eval_s += row.get("time/eval_s", 0.0)
         train_s = row["time/elapsed_s"] - origin - eval_s
         n_seqs = int(row.get("train/n_seqs", 0))
         steps, samples = steps + 1, samples + n_seqs
@@ -197,10 +203,8 @@ def read_run(metrics: Path, budget_s: float, seed: int) -> dict[str, Any]:
         dropped = row.get("rollout/dropped_groups", dropped)  # cumulative: groups the filter set aside
         for k in phase:
             phase[k] += row.get(f"time/{k}", 0.0)
-        if "eval/accuracy" in row:
+        if "eval/accuracy" in row:  # an eval the loop waited for at this step (older runs)
             curve.append([train_s, row["eval/accuracy"]])
-        if train_s >= budget_s:
-            break
     final = rows[-1]
     if curve[-1][0] < train_s and "eval/accuracy" in final and "time/train_s" not in final:
         curve.append([train_s, final["eval/accuracy"]])  # the run's own final eval, at its last step
@@ -217,9 +221,12 @@ def default_run(model_path: str, seed: int, workdir: Path) -> dict[str, Any]:
     subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - t0
     metrics = workdir / "math" / f"default{seed}" / "metrics.jsonl"
-    evals = [row["time/eval_s"] for row in map(json.loads, metrics.open()) if "time/eval_s" in row]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    evals = [row["time/eval_s"] for row in rows if "time/eval_s" in row]  # what the loop waited for
+    own = sum(row.get("eval/wall_s", row.get("time/eval_s", 0.0)) for row in rows)  # each eval, start to end
     run = read_run(metrics, math.inf, seed)  # its training time as the budget runs count theirs
     return {"wall_s": wall, "eval_s": sum(evals), "evals": len(evals), "eval_share": sum(evals) / wall,
+            "eval_wall_s": own,
             "steps": run["steps"], "samples": run["samples"], "train_s": run["train_s"],
             "samples_per_s": run["samples"] / run["train_s"], "accuracy_before": run["curve"][0][1],
             "accuracy_after": run["curve"][-1][1]}
@@ -255,8 +262,8 @@ def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
     out["final_accuracy"] = stats([r["curve"][-1][1] for r in runs])
     defaults = [r["default"] for r in runs if "default" in r]
     if defaults:
-        out["default_run"] = {k: stats([d[k] for d in defaults])
-                              for k in ("wall_s", "eval_s", "eval_share", "samples_per_s")}
+        out["default_run"] = {k: stats([d.get(k) for d in defaults])
+                              for k in ("wall_s", "eval_s", "eval_share", "eval_wall_s", "samples_per_s")}
     return out
 
 
@@ -386,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{v['generated_per_s_ratio']:.2f}x generated, {v['signal_per_s_ratio']:.2f}x with a learning "
                       f"signal; time to 0.95: {num(v['time_to_095_ratio'])}x (target <= 0.35), to 0.90: "
                       f"{num(v['time_to_090_ratio'])}x; final accuracy {v['final_accuracy_gap']:+.3f} (target >= 0); "
-                      f"evals {num(v['eval_share'] and 100 * v['eval_share'], '.1f')} % of the default command "
-                      f"(target <= 5); met: {', '.join(k for k, ok in v['met'].items() if ok) or 'none'}")
+                      f"evals hold the loop {num(v['eval_share'] and 100 * v['eval_share'], '.1f')} % of the default "
+                      f"command (target <= 5); met: {', '.join(k for k, ok in v['met'].items() if ok) or 'none'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     if {"areal", "plain"} <= set(runs):

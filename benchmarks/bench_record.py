@@ -127,8 +127,9 @@ def train_costs(overrides: list[str], out: Path, repeats: int, block: int, all_c
     from algorithms.specs import get_algorithm
     from areal_agents.config.loader import load_config
     from areal_agents.record import EpisodeRecorder, Recorded
+    from areal_agents.runtime.cpus import trainer_threads
     from trainers.batching import load_trajectories
-    from trainers.loop import build_engine, cpu_trainer_threads, train_step
+    from trainers.loop import build_engine, train_step
     from trainers.sft import ensure_warm_model
 
     cfg = load_config(None, ["env.name=math", f"output_dir={out / 'runs'}", "logging.progress=false", *overrides])
@@ -138,7 +139,7 @@ def train_costs(overrides: list[str], out: Path, repeats: int, block: int, all_c
              if t.input_ids]
     batches = [trajs[i:i + per_step] for i in range(0, len(trajs) - per_step + 1, per_step)]
     spec = get_algorithm(cfg.algorithm.name)
-    threads = (os.cpu_count() or 1) if all_cores else cpu_trainer_threads(cfg.inference.num_servers)
+    threads = (os.cpu_count() or 1) if all_cores else trainer_threads(cfg.inference.num_servers)
     torch.set_num_threads(threads)
     engine = build_engine(cfg, model, spec)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model)

@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "train_cost.json")
     args = p.parse_args(argv)
     envs = list(dict.fromkeys(["math", *args.envs]))
-    from trainers.loop import cpu_trainer_threads
+    from areal_agents.runtime.cpus import trainer_threads
 
-    threads = cpu_trainer_threads(1)  # the run's trainer beside its one embedded CPU server
+    threads = trainer_threads(1)  # the run's trainer beside its one embedded CPU server
     runs: dict[str, list[dict[str, Any]]] = {e: [] for e in envs}
     alone: dict[str, list[dict[str, Any]]] = {e: [] for e in envs}
     with tempfile.TemporaryDirectory(prefix="bench-train-cost-") as tmp:

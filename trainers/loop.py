@@ -32,22 +32,21 @@ from transformers.utils import logging as hf_logging
 from algorithms.specs import AlgorithmSpec, get_algorithm
 from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.config.loader import to_yaml
-from areal_agents.data import load_dataset_rows
 from areal_agents.inference.launcher import judge_server, starting_servers
 from areal_agents.online.rollout import gateway_line
 from areal_agents.record import EpisodeRecorder, Recorded
 from areal_agents.rewards import RewardRunner
 from areal_agents.rollout import Rollout
-from areal_agents.rollout.evaluation import run_eval
 from areal_agents.rollout.interface import SavedRollout
 from areal_agents.rollout.process import RolloutChild
-from areal_agents.runtime.cpus import usable_cpus
+from areal_agents.runtime.cpus import trainer_threads
 from areal_agents.runtime.heap import freeze_setup
 from areal_agents.types import Trajectory
 from trainers import dist as tdist
 from trainers.batching import Batch, collate, load_trajectories
 from trainers.checkpoint import Checkpointer, CheckpointMismatch
 from trainers.engine import TrainEngine
+from trainers.evals import Evals
 from trainers.metrics import MetricsLogger
 from trainers.progress import RunDisplay
 from trainers.rollout_only import write_rollouts
@@ -55,7 +54,7 @@ from trainers.rollout_setup import rollout_executor, start_rollout_child
 from trainers.sft import ensure_warm_model
 from trainers.weight_sync import WeightSync, make_weight_sync
 
-__all__ = ["build_engine", "cpu_trainer_threads", "launch", "run", "train_step"]
+__all__ = ["build_engine", "launch", "run", "train_step"]
 
 
 def launch(cfg: ExperimentConfig, argv: Sequence[str]) -> int:
@@ -156,16 +155,16 @@ def train_from_file(cfg: ExperimentConfig, model_path: str, spec: AlgorithmSpec,
 
 
 class _Rank0:
-    """Rank 0's duties around the loop: the inference servers' rollout executor, evals, the
-    metrics log and the display. Other ranks hold one without executor or logger, whose calls
+    """Rank 0's duties around the loop: the inference servers' rollout executor, evals (:class:`Evals`),
+    the metrics log and the display. Other ranks hold one without executor or logger, whose calls
     do nothing, so the loop in :func:`run` reads the same on every rank."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
                  addresses: list[str] | None = None, executor: Rollout | None = None,
                  eval_rewards: RewardRunner | None = None) -> None:
         self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
-        self.addresses, self.executor, self.eval_rewards = addresses or [], executor, eval_rewards
-        self.test_rows = load_dataset_rows(cfg, "test")[: cfg.eval.n] if executor is not None else []
+        self.addresses, self.executor = addresses or [], executor
+        self.evals = Evals(cfg, tokenizer, self.addresses if executor is not None else [], display.progress, eval_rewards)
         self.recorder: EpisodeRecorder | None = None  # the episode record (rank 0 of a training run)
         self._trained: list[tuple[str, int, Trajectory]] = []  # the batch's (episode id, group index, trajectory)
         self._advantages = np.zeros((0, 0), dtype=np.float32)  # the loss's advantages (rows: trajectories)
@@ -227,7 +226,13 @@ class _Rank0:
         self.recorder.record(step, trained, failed, policy_version=version - 1)
         self._trained, self._failed = [], []
 
-    def pause(self) -> None:  # the executor's calls, on rank 0 only
+    def pause(self) -> None:
+        """Before the servers' weights change: the eval beside the loop (which measures the weights
+        they hold) ends and is logged, and rollout stops launching episodes."""
+        done = self.evals.settle()
+        if done is not None:
+            self.log(*done)
+            self.display.show_eval(done[1])
         if self.executor is not None:
             self.executor.pause()
 
@@ -251,9 +256,6 @@ class _Rank0:
                 raise ValueError("invalid rollout state (the checkpoint holds none)")
             self.executor.load_state_dict(state)
 
-    def eval(self) -> dict[str, Any]:
-        return run_eval(self.cfg, self.tokenizer, self.addresses, self.test_rows, self.display.progress,
-                        lora_path=self.cfg.actor.lora.served, reward_runner=self.eval_rewards)
 
     def stats(self) -> dict[str, Any]:
         return self.executor.stats() if self.executor is not None else {}
@@ -295,19 +297,10 @@ def _group_index(traj: Trajectory) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def cpu_trainer_threads(num_servers: int, cpus: int | None = None) -> int:
-    """The trainer's threads on ``cpus`` cores (default: those this process may use) shared with
-    ``num_servers`` embedded CPU servers: the cores they leave, at least one. The servers hold
-    ``cpus // (n + 1)`` threads each (:func:`areal_agents.inference.launcher.launch_servers`);
-    oversubscribed OpenMP pools busy-wait."""
-    cpus = cpus or usable_cpus()
-    return max(1, cpus - num_servers * max(1, cpus // (num_servers + 1)))
-
-
 def _trainer_threads(cfg: ExperimentConfig) -> None:
     """On a CPU shared with embedded servers, the trainer takes the cores they leave."""
     if cfg.trainer.device == "cpu" and cfg.inference.backend == "embedded" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(cpu_trainer_threads(cfg.inference.num_servers))
+        torch.set_num_threads(trainer_threads(cfg.inference.num_servers))
 
 
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -348,7 +341,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         stack.enter_context(ckpt.save_on_sigterm(lambda: (engine, step, version, r0.state_dict())))
 
         with ckpt.interruptible():
-            before = r0.eval()
+            before = r0.evals.now()
         r0.log(step, before)
         r0.resume(version)
         display.start(total=cfg.trainer.total_steps, done=step)
@@ -362,18 +355,18 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             metrics, trajs = _rl_step(cfg, spec, engine, r0, sync, display, version, ckpt)
             step += 1
             r0.record(step, version)
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
-                with ckpt.interruptible():
-                    metrics.update(r0.eval())
             r0.log(step, metrics, trajs)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.total_steps:
+                r0.evals.start(step)  # beside the next step, settled before its weight sync
             display.update(step, metrics)
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
                 ckpt.save(engine, step=step, version=version, rollout=r0.state_dict())
         display.stop()
 
-        # 6. Final eval, weights, summary.
+        # 6. Final eval (rollout stopped: its episodes would train nothing), weights, summary.
         with ckpt.interruptible():
-            after = r0.eval()
+            r0.pause()
+            after = r0.evals.now()
         final_dir = engine.export_final(run_dir / "final")
         r0.log(step, {**after, "version": version})
         history = logger.history[1:] if logger is not None else []
@@ -436,7 +429,8 @@ def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0
     t1 = time.monotonic()
     metrics = _timed_train_step(engine, spec, cfg, trajs, r0.keep_advantages if r0.recorder is not None else None)
     t2 = time.monotonic()
-    r0.pause()
+    with ckpt.interruptible():  # the eval beside this step, if any, may still run
+        r0.pause()
     sync.sync(engine, version)
     while sync.events:
         display.note(sync.events.pop(0))

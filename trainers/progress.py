@@ -111,6 +111,10 @@ class RunDisplay:
         if self._task is not None:
             self.progress.update(self._task, completed=step, stats=stats)
 
+    def show_eval(self, metrics: dict[str, Any]) -> None:
+        """An eval's result (one that ran beside the loop), shown from the next step on."""
+        self._accuracy = metrics.get("eval/accuracy", self._accuracy)
+
     def note(self, text: str) -> None:
         # plain text: a note quotes error messages, whose brackets are not markup
         self.progress.console.print(text, style="dim", markup=False, highlight=False)

@@ -30,7 +30,7 @@ from areal_agents.config import ConfigError, ExperimentConfig
 from areal_agents.failures import UserError
 from areal_agents.inference.scoring import is_reward_model
 from areal_agents.inference.sglang_version import sglang_version_problem
-from areal_agents.runtime.cpus import usable_cpus
+from areal_agents.runtime.cpus import server_threads
 from areal_agents.runtime.lifeline import die_with_parent
 from areal_agents.runtime.stopping import on_hard_exit
 
@@ -235,8 +235,8 @@ def launch_servers(
     Returns once every server answers ``/health`` with 200 (``wait=False``: once their processes
     are started; :meth:`ServerGroup.wait_ready` then waits, ``inference.setup_timeout`` from the
     launch); raises :class:`LaunchError` (after closing what it started) otherwise. Logs go to
-    ``log_dir/server-<i>.log``. Embedded CPU servers get ``OMP_NUM_THREADS = cpus // (n + 1)``
-    unless it is set.
+    ``log_dir/server-<i>.log``. Embedded CPU servers get ``OMP_NUM_THREADS`` from
+    :func:`~areal_agents.runtime.cpus.server_threads` unless it is set.
     """
     backend = cfg.inference.backend
     if backend not in ("embedded", "sglang"):
@@ -247,7 +247,7 @@ def launch_servers(
     env = dict(env or {})
     if backend == "embedded" and str(cfg.inference.device) == "cpu" and "OMP_NUM_THREADS" not in {**os.environ, **env}:
         # CPU servers and the trainer share the cores; oversubscribed OpenMP pools busy-wait.
-        env["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // (n + 1)))
+        env["OMP_NUM_THREADS"] = str(server_threads(n))
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="areal-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
     group = ServerGroup(backend, time.monotonic() + float(cfg.inference.setup_timeout))

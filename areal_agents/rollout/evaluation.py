@@ -64,6 +64,9 @@ async def evaluate(cfg: ExperimentConfig, tokenizer: Any, client: Any, rows: Seq
         "eval/failed": sum(t.status != "ok" for t in greedy),
         "eval/n": len(rows),
     }
+    versions = [v for t in greedy for v in t.versions if v >= 0]
+    if versions:  # the newest weights any of its tokens was decoded with
+        report["eval/weight_version"] = max(versions)
     if k > 1:
         sample_fn = build_episode_fn(cfg, tokenizer, client, sampling=sampling_params(cfg, temperature=temperature),
                                      episode_timeout=timeout, reward_runner=reward_runner)

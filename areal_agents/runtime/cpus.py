@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-__all__ = ["OPENMP_SPIN_COUNT", "usable_cpus", "yield_idle_threads"]
+__all__ = ["OPENMP_SPIN_COUNT", "server_threads", "trainer_threads", "usable_cpus", "yield_idle_threads"]
 
 OPENMP_SPIN_COUNT = 3000
 """How long an idle OpenMP thread spins before it sleeps (``GOMP_SPINCOUNT``, in spin-loop
@@ -24,6 +24,20 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
+
+
+def server_threads(num_servers: int, cpus: int | None = None) -> int:
+    """The threads of each of ``num_servers`` embedded CPU servers sharing ``cpus`` cores (default:
+    :func:`usable_cpus`) with the trainer: an equal share each, ``cpus // (num_servers + 1)``, at least one."""
+    return max(1, (cpus or usable_cpus()) // (num_servers + 1))
+
+
+def trainer_threads(num_servers: int, cpus: int | None = None) -> int:
+    """The trainer's threads on ``cpus`` cores (default: :func:`usable_cpus`) shared with
+    ``num_servers`` embedded CPU servers (:func:`server_threads` each): the cores they leave, at
+    least one (oversubscribed OpenMP pools busy-wait)."""
+    cpus = cpus or usable_cpus()
+    return max(1, cpus - num_servers * server_threads(num_servers, cpus))
 
 
 def yield_idle_threads(environ: MutableMapping[str, str] | None = None) -> None:

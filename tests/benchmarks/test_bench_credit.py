@@ -28,6 +28,15 @@ def test_curve_excludes_eval_time_and_stops_at_the_budget() -> None:
     curve, train_s, steps = bc.curve_of(rows, budget_s=20)  # cut after step 3 (25 s): the final eval closes it
     assert curve == [[0.0, 0, 0.2], [15.0, 2, 0.5], [25.0, 3, 0.8]] and (train_s, steps) == (25.0, 3)
     assert bc.time_to(curve, 0.5) == (15.0, 2) and bc.time_to(curve, 0.85) is None
+    # evals beside the loop: their own rows after the step they measured, the wait in time/eval_s
+    rows = [{"step": 0, "time/elapsed_s": 10.0, "eval/accuracy": 0.2},
+            {"step": 1, "time/elapsed_s": 15.0, "time/train_s": 1.0},
+            {"step": 2, "time/elapsed_s": 30.0, "time/train_s": 1.0},
+            {"step": 2, "time/elapsed_s": 31.0, "eval/accuracy": 0.5, "time/eval_s": 2.0},
+            {"step": 3, "time/elapsed_s": 40.0, "time/train_s": 1.0},
+            {"step": 3, "time/elapsed_s": 45.0, "eval/accuracy": 0.8, "time/eval_s": 5.0}]  # the final eval
+    curve, train_s, steps = bc.curve_of(rows, budget_s=1000)
+    assert curve == [[0.0, 0, 0.2], [20.0, 2, 0.5], [28.0, 3, 0.8]] and (train_s, steps) == (28.0, 3)
 
 
 def test_summary_and_verdict_over_seeds() -> None:

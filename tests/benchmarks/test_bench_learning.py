@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -67,3 +68,20 @@ def test_the_verdict_names_each_target_it_misses() -> None:
     summary["areal"] = bl.summarise(areal, budget_s=240.0)
     v = bl.verdict(summary, runs, budget_s=240.0)
     assert not v["meets_target"] and [k for k, ok in v["met"].items() if not ok] == ["eval_share"]
+
+
+def test_a_runs_curve_takes_evals_beside_the_loop_at_the_step_they_measured(tmp_path: Path) -> None:
+    """Training time is wall time less what the loop stood still for (``time/eval_s``); an eval row
+    after a step (an eval that ran beside the next step) is a point at that step's training time."""
+    rows = [{"step": 0, "time/elapsed_s": 10.0, "eval/accuracy": 0.5, "time/eval_s": 1.0},
+            {"step": 1, "time/elapsed_s": 12.0, "time/train_s": 0.5, "train/n_seqs": 128},
+            {"step": 2, "time/elapsed_s": 14.0, "time/train_s": 0.5, "train/n_seqs": 128},
+            {"step": 2, "time/elapsed_s": 15.0, "eval/accuracy": 0.8, "time/eval_s": 0.25},
+            {"step": 3, "time/elapsed_s": 17.0, "time/train_s": 0.5, "train/n_seqs": 128},
+            {"step": 3, "time/elapsed_s": 18.0, "eval/accuracy": 0.9, "time/eval_s": 0.5, "version": 3}]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = bl.read_run(metrics, budget_s=100.0, seed=1)
+    assert run["curve"] == [[0.0, 0.5], [4.0, 0.8], [6.75, 0.9]] and run["steps"] == 3 and run["samples"] == 384
+    cut = bl.read_run(metrics, budget_s=3.0, seed=1)  # step 2 crossed the budget: its eval, then the final one
+    assert cut["curve"] == [[0.0, 0.5], [4.0, 0.8]] and cut["steps"] == 2

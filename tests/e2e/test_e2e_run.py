@@ -63,7 +63,12 @@ def test_run_then_train_only(tmp_path: Path) -> None:
             assert r["staleness/max"] <= ETA
             assert r["rollout/accepted"] >= 8
             assert r["time/train_s"] > 0 and r["perf/train_tokens_per_s"] > 0 and r["time/sync_s"] >= 0
-        assert sum("eval/accuracy" in r for r in rows) >= 3  # before, at step 2, after
+        # Evals before the first step, at step 2 (beside step 3, ended before its weight sync) and after the
+        # last, each a row of its own after the step whose weights it measured (no token of newer ones).
+        evals = [(i, r) for i, r in enumerate(rows) if "eval/accuracy" in r]
+        assert [(r["step"], r["eval/weight_version"]) for _, r in evals] == [(0, 0), (2, 2), (STEPS, STEPS)]
+        assert [rows[i - 1]["step"] for i, _ in evals[1:]] == [2, STEPS] and rows[evals[1][0] + 1]["step"] == 3
+        assert all(r["time/eval_s"] >= 0 and r["eval/wall_s"] > 0 for _, r in evals)
         samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
         assert samples and all("+" in s["prompt"] and s["completion"] for s in samples)
         # The episode record: one file per step, every trained episode of it (logging.episodes keeps 4 groups,
