@@ -256,7 +256,6 @@ class _Rank0:
                 raise ValueError("invalid rollout state (the checkpoint holds none)")
             self.executor.load_state_dict(state)
 
-
     def stats(self) -> dict[str, Any]:
         return self.executor.stats() if self.executor is not None else {}
 
@@ -428,9 +427,9 @@ def _rl_step(cfg: ExperimentConfig, spec: AlgorithmSpec, engine: TrainEngine, r0
         trajs = r0.batch()
     t1 = time.monotonic()
     metrics = _timed_train_step(engine, spec, cfg, trajs, r0.keep_advantages if r0.recorder is not None else None)
-    t2 = time.monotonic()
-    with ckpt.interruptible():  # the eval beside this step, if any, may still run
+    with ckpt.interruptible():  # the eval beside this step, if any, may still run (its wait: in its row)
         r0.pause()
+    t2 = time.monotonic()
     sync.sync(engine, version)
     while sync.events:
         display.note(sync.events.pop(0))

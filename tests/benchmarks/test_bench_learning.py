@@ -83,5 +83,9 @@ def test_a_runs_curve_takes_evals_beside_the_loop_at_the_step_they_measured(tmp_
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = bl.read_run(metrics, budget_s=100.0, seed=1)
     assert run["curve"] == [[0.0, 0.5], [4.0, 0.8], [6.75, 0.9]] and run["steps"] == 3 and run["samples"] == 384
-    cut = bl.read_run(metrics, budget_s=3.0, seed=1)  # step 2 crossed the budget: its eval, then the final one
+    # Step 2 crossed the budget: its eval ends the curve; the final eval, of weights trained one step
+    # more, is not put at step 2's time (the run goes on past the budget: trainer.max_time_s)
+    cut = bl.read_run(metrics, budget_s=3.0, seed=1)
     assert cut["curve"] == [[0.0, 0.5], [4.0, 0.8]] and cut["steps"] == 2
+    cut = bl.read_run(metrics, budget_s=1.5, seed=1)  # step 1 crossed it: no eval of its weights
+    assert cut["curve"] == [[0.0, 0.5]] and cut["steps"] == 1
