@@ -162,7 +162,7 @@ class _Rank0:
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any, display: RunDisplay, logger: MetricsLogger | None,
                  addresses: list[str] | None = None, executor: Rollout | None = None,
                  eval_rewards: RewardRunner | None = None) -> None:
-        self.cfg, self.tokenizer, self.display, self.logger = cfg, tokenizer, display, logger
+        self.cfg, self.display, self.logger = cfg, display, logger
         self.addresses, self.executor = addresses or [], executor
         self.evals = Evals(cfg, tokenizer, self.addresses if executor is not None else [], display.progress, eval_rewards)
         self.recorder: EpisodeRecorder | None = None  # the episode record (rank 0 of a training run)
