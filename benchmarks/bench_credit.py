@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from curves import first_reach, read_metrics, read_training, spread  # noqa: E402 - the sibling module both learning benchmarks read runs with
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -45,7 +47,7 @@ ARMS: dict[str, list[str]] = {
 BASE = ["env.turn_discount=0.5"]  # a retry is worth less than a first-try success: turns have returns of their own
 COLORS = {"grpo": "tab:gray", "turn": "tab:blue", "gigpo": "tab:orange"}
 
-__all__ = ["ARMS", "curve_of", "main", "summarise", "time_to", "verdict"]
+__all__ = ["ARMS", "main", "summarise", "time_to", "verdict"]
 
 
 def _env() -> dict[str, str]:
@@ -68,29 +70,6 @@ def warm_model(env_name: str, overrides: Sequence[str]) -> str:
     return str(ensure_warm_model(_config(env_name, overrides), progress=False, warm_start=True))
 
 
-def curve_of(rows: list[dict[str, Any]], budget_s: float) -> tuple[list[list[float]], float, int]:
-    """``([[train_s, step, success], ...], train_s, steps)`` from a run's ``metrics.jsonl`` rows.
-
-    Training time is the wall time since the first step began minus the time spent in evals;
-    rows after the budget are left out, except that the run's own final eval closes the curve.
-    """
-    origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval
-    curve = [[0.0, 0, rows[0]["eval/accuracy"]]]
-    eval_s, train_s, steps = 0.0, 0.0, 0
-    for row in rows[1:]:  # step rows, and eval rows after the step whose weights they measured
-        if "time/train_s" in row and train_s >= budget_s:
-            break  # past the budget: the run's own final eval alone closes the curve (below)
-        eval_s += row.get("time/eval_s", 0.0)  # what the loop stood still for
-        if "time/train_s" in row:
-            train_s, steps = row["time/elapsed_s"] - origin - eval_s, int(row["step"])
-        if "eval/accuracy" in row and curve[-1][1] < steps:  # one point a step (older runs: also in its row)
-            curve.append([train_s, steps, row["eval/accuracy"]])
-    final = rows[-1]
-    if curve[-1][1] < steps and "eval/accuracy" in final and "time/train_s" not in final:
-        curve.append([train_s, steps, final["eval/accuracy"]])
-    return curve, train_s, steps
-
-
 def run_arm(arm: str, model: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """One ``areal-agents run`` of ``arm``; its curve from metrics.jsonl."""
     trial = f"{arm}-seed{seed}"
@@ -104,23 +83,16 @@ def run_arm(arm: str, model: str, seed: int, args: argparse.Namespace, workdir: 
     proc = subprocess.run(cmd, cwd=workdir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    path = workdir / "credit" / trial / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    curve, train_s, steps = curve_of(rows, args.budget)
-    return {"seed": seed, "curve": curve, "train_s": train_s, "steps": steps, "wall_s": time.monotonic() - t0}
+    run = read_training(read_metrics(workdir / "credit" / trial / "metrics.jsonl"), args.budget)
+    steps = int(run.steps[-1]["step"]) if run.steps else 0
+    return {"seed": seed, "curve": run.curve, "train_s": run.train_s, "steps": steps, "wall_s": time.monotonic() - t0}
 
 
 # ------------------------------------------------------------------------------ analysis
 def time_to(curve: list[list[float]], level: float) -> tuple[float, int] | None:
     """``(train_s, step)`` of the first eval at or above ``level``, or None."""
-    return next(((t, int(s)) for t, s, acc in curve if acc >= level - 1e-9), None)
-
-
-def _stats(xs: list[float | None]) -> dict[str, Any]:
-    vals = [x for x in xs if x is not None]
-    if not vals:
-        return {"mean": None, "min": None, "max": None, "n": 0, "of": len(xs)}
-    return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals), "of": len(xs)}
+    point = first_reach(curve, level)
+    return None if point is None else (point[0], int(point[1]))
 
 
 def summarise(runs: list[dict[str, Any]], levels: Sequence[float]) -> dict[str, Any]:
@@ -128,10 +100,10 @@ def summarise(runs: list[dict[str, Any]], levels: Sequence[float]) -> dict[str, 
     out: dict[str, Any] = {"time_to_s": {}, "steps_to": {}}
     for level in levels:
         hits = [time_to(r["curve"], level) for r in runs]
-        out["time_to_s"][f"{level:.2f}"] = _stats([h[0] if h else None for h in hits])
-        out["steps_to"][f"{level:.2f}"] = _stats([h[1] if h else None for h in hits])
-    out["final_success"] = _stats([r["curve"][-1][2] for r in runs])
-    out["steps"] = _stats([r["steps"] for r in runs])
+        out["time_to_s"][f"{level:.2f}"] = spread([h[0] if h else None for h in hits])
+        out["steps_to"][f"{level:.2f}"] = spread([h[1] if h else None for h in hits])
+    out["final_success"] = spread([r["curve"][-1][2] for r in runs])
+    out["steps"] = spread([r["steps"] for r in runs])
     return out
 
 

@@ -52,6 +52,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from curves import first_reach, read_metrics, read_training, spread  # noqa: E402 - the sibling module both learning benchmarks read runs with
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MARKS_MIN = (1, 2, 4, 8)
@@ -181,33 +184,21 @@ def areal_run(model_path: str, seed: int, budget_s: float, eval_every: int, work
 
 
 def read_run(metrics: Path, budget_s: float, seed: int) -> dict[str, Any]:
-    """A run's curve and counts from its ``metrics.jsonl``, up to ``budget_s`` of training time."""
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    origin = rows[0]["time/elapsed_s"]  # after start-up and the step-0 eval: the first step begins here
-    curve, eval_s, samples, steps, dropped = [[0.0, rows[0]["eval/accuracy"]]], 0.0, 0, 0, 0.0
-    train_s = 0.0
-    signal = 0.0
+    """A run's curve and counts from its ``metrics.jsonl``, up to ``budget_s`` of training time
+    (:func:`curves.read_training`)."""
+    run = read_training(read_metrics(metrics), budget_s)
+    samples, signal, dropped = 0, 0.0, 0.0
     phase = {"rollout_wait_s": 0.0, "train_s": 0.0, "sync_s": 0.0}
-    for row in rows[1:]:  # step rows, and eval rows after the step whose weights they measured
-        if "time/train_s" in row and train_s >= budget_s:
-            break  # past the budget; the run's final eval (after more training) is not this curve's
-        eval_s += row.get("time/eval_s", 0.0)  # what the loop stood still for
-        if "time/train_s" not in row:
-            if "eval/accuracy" in row and curve[-1][0] < train_s:  # one point a step (older runs: also in its row)
-                curve.append([train_s, row["eval/accuracy"]])
-            continue
-        train_s = row["time/elapsed_s"] - origin - eval_s
+    for row in run.steps:
         n_seqs = int(row.get("train/n_seqs", 0))
-        steps, samples = steps + 1, samples + n_seqs
+        samples += n_seqs
         signal += n_seqs * row.get("rollout/signal_groups", 1.0)
         dropped = row.get("rollout/dropped_groups", dropped)  # cumulative: groups the filter set aside
         for k in phase:
             phase[k] += row.get(f"time/{k}", 0.0)
-        if "eval/accuracy" in row:  # an eval the loop waited for at this step (older runs)
-            curve.append([train_s, row["eval/accuracy"]])
     generated = samples + int(dropped) * _config(seed).rollout.group_size
-    return {"curve": curve, "steps": steps, "samples": samples, "generated": generated, "signal": round(signal),
-            "train_s": train_s, "phases_s": phase}
+    return {"curve": [[t, acc] for t, _, acc in run.curve], "steps": len(run.steps), "samples": samples,
+            "generated": generated, "signal": round(signal), "train_s": run.train_s, "phases_s": phase}
 
 
 def default_run(model_path: str, seed: int, workdir: Path) -> dict[str, Any]:
@@ -218,7 +209,7 @@ def default_run(model_path: str, seed: int, workdir: Path) -> dict[str, Any]:
     subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - t0
     metrics = workdir / "math" / f"default{seed}" / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = read_metrics(metrics)
     evals = [row["time/eval_s"] for row in rows if "time/eval_s" in row]  # what the loop waited for
     own = sum(row.get("eval/wall_s", row.get("time/eval_s", 0.0)) for row in rows)  # each eval, start to end
     run = read_run(metrics, math.inf, seed)  # its training time as the budget runs count theirs
@@ -236,16 +227,13 @@ def acc_at(curve: list[list[float]], t: float) -> float:
 
 
 def time_to(curve: list[list[float]], thr: float) -> float | None:
-    return next((t for t, acc in curve if acc >= thr - 1e-9), None)
+    """Training time of the first eval at or above ``thr``, or None."""
+    point = first_reach(curve, thr)
+    return None if point is None else point[0]
 
 
 def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
-    def stats(xs: list[float | None]) -> dict[str, Any]:
-        vals = [x for x in xs if x is not None]
-        if not vals:
-            return {"mean": None, "min": None, "max": None, "n": 0, "of": len(xs)}
-        return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals), "of": len(xs)}
-
+    stats = spread
     # a run without a count of its own (no filter, or not counted) trained all it generated, each with a signal
     out: dict[str, Any] = {f"{kind}_per_s": stats([r.get(kind, r["samples"]) / r["train_s"] for r in runs])
                            for kind in COUNTS}

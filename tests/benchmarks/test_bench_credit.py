@@ -1,4 +1,5 @@
-"""The credit benchmark: its analysis (curves from metrics.jsonl, time to a level, verdict) and a tiny end-to-end run."""
+"""The credit benchmark: its analysis (time to a level, verdict; its curves are ``curves.read_training``'s,
+tested in test_bench_curves.py) and a tiny end-to-end run."""
 
 from __future__ import annotations
 
@@ -16,27 +17,10 @@ sys.path.pop(0)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_curve_excludes_eval_time_and_stops_at_the_budget() -> None:
-    rows = [{"step": 0, "time/elapsed_s": 10.0, "eval/accuracy": 0.2},
-            {"step": 1, "time/elapsed_s": 15.0, "time/train_s": 1.0},
-            {"step": 2, "time/elapsed_s": 30.0, "time/train_s": 1.0, "eval/accuracy": 0.5, "time/eval_s": 5.0},
-            {"step": 3, "time/elapsed_s": 40.0, "time/train_s": 1.0},
-            {"step": 4, "time/elapsed_s": 60.0, "time/train_s": 1.0, "eval/accuracy": 0.9, "time/eval_s": 5.0},
-            {"step": 4, "time/elapsed_s": 70.0, "eval/accuracy": 0.8}]  # the final eval
-    curve, train_s, steps = bc.curve_of(rows, budget_s=1000)
-    assert curve == [[0.0, 0, 0.2], [15.0, 2, 0.5], [40.0, 4, 0.9]] and (train_s, steps) == (40.0, 4)
-    curve, train_s, steps = bc.curve_of(rows, budget_s=20)  # cut after step 3 (25 s): the final eval closes it
-    assert curve == [[0.0, 0, 0.2], [15.0, 2, 0.5], [25.0, 3, 0.8]] and (train_s, steps) == (25.0, 3)
-    assert bc.time_to(curve, 0.5) == (15.0, 2) and bc.time_to(curve, 0.85) is None
-    # evals beside the loop: their own rows after the step they measured, the wait in time/eval_s
-    rows = [{"step": 0, "time/elapsed_s": 10.0, "eval/accuracy": 0.2},
-            {"step": 1, "time/elapsed_s": 15.0, "time/train_s": 1.0},
-            {"step": 2, "time/elapsed_s": 30.0, "time/train_s": 1.0},
-            {"step": 2, "time/elapsed_s": 31.0, "eval/accuracy": 0.5, "time/eval_s": 2.0},
-            {"step": 3, "time/elapsed_s": 40.0, "time/train_s": 1.0},
-            {"step": 3, "time/elapsed_s": 45.0, "eval/accuracy": 0.8, "time/eval_s": 5.0}]  # the final eval
-    curve, train_s, steps = bc.curve_of(rows, budget_s=1000)
-    assert curve == [[0.0, 0, 0.2], [20.0, 2, 0.5], [28.0, 3, 0.8]] and (train_s, steps) == (28.0, 3)
+def test_time_to_a_level_gives_the_time_and_the_step() -> None:
+    curve = [[0.0, 0, 0.2], [15.0, 2, 0.5], [40.0, 4, 0.9]]  # curves.read_training's points
+    assert bc.time_to(curve, 0.5) == (15.0, 2) and bc.time_to(curve, 0.85) == (40.0, 4)
+    assert bc.time_to(curve, 0.95) is None
 
 
 def test_summary_and_verdict_over_seeds() -> None:

@@ -55,6 +55,7 @@ def wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float
     raise AssertionError(f"{text!r} never appeared in {log}")
 
 
+@pytest.mark.slow  # a killed run, twice, and its resumes (~35 s)
 @pytest.mark.timeout(600)
 def test_sigkill_mid_step_and_mid_checkpoint_resumes_from_last_complete(model_dir: Path, tmp_path: Path) -> None:
     ckpt, log = tmp_path / "ckpt", tmp_path / "events.log"

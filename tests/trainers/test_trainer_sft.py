@@ -151,6 +151,7 @@ def test_examples_render_each_prompt_once_and_repeat_as_one_example(chat_model: 
     assert [t.input_ids for t in trajs] == [_trajectory(p, c).input_ids for p, c in examples]
 
 
+@pytest.mark.slow  # a learning run: 1,000 SFT steps from a fresh tiny model (~90 s on 2 cores)
 def test_warm_start_learns_two_digit_addition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default SFT budget takes the tiny model from ~0 to >= 50% greedy accuracy."""
     monkeypatch.setenv("AREAL_AGENTS_CACHE", str(tmp_path / "cache"))
