@@ -20,8 +20,8 @@ session for each corpus and keywords: the modules that serve or tokenize with th
 share one directory, which they only read.
 
 The longest modules run first (:func:`pytest_collection_modifyitems`, from ``tests/durations.json``:
-seconds a test took in a recent whole run, call and setup; refresh it from the ``--durations`` lines a
-run prints), and ``--dist loadscope --no-loadscope-reorder`` (pyproject's addopts) hands the workers
+the seconds each test of a second or more took in a recent run, call and setup; refresh it from the
+``--durations=0`` lines a run prints), and ``--dist loadscope --no-loadscope-reorder`` (pyproject's addopts) hands the workers
 whole modules in that order as they free up: the other worker takes the short modules while one runs a
 long test, instead of a long test starting last and running alone.
 """
@@ -60,6 +60,8 @@ _TINY_WARM = ["sft.warm_start_steps=4", "sft.batch_size=8", "sft.eval_every=0", 
 WARM_RECIPES: dict[str, tuple[str | None, list[str]]] = {
     "math-tiny": (None, ["env.name=math", *_TINY_WARM]),
     "math": (None, ["env.name=math"]),  # the default command's own warm start (a learning test's)
+    # 150 steps: a model that answers every sum with a number, mostly wrong (a served model to ask)
+    "math-numbers": (None, ["env.name=math", "sft.warm_start_steps=150", "sft.warm_start_target=0", "sft.eval_every=0"]),
 }
 
 # What ``areal-agents run`` does first without actor.path, and nothing after it.
@@ -72,16 +74,22 @@ print(ensure_warm_model(load_config(sys.argv[1] or None, sys.argv[2:]), progress
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest modules first: by the most seconds one of their tests took (``tests/durations.json``),
+    """Longest modules first: by the seconds their tests took together (``tests/durations.json``),
     then modules with a slow-marked test, then the rest, each module whole and in its own order (a
     stale or missing record only costs wall time, never a result)."""
     recorded: dict[str, float] = json.loads((ROOT / "tests" / "durations.json").read_text())
-    rank: dict[str, tuple[float, bool]] = {}
+    total: dict[str, float] = {}
+    slow: dict[str, bool] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        mine = (-recorded.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None)
-        rank[module] = min(rank.get(module, mine), mine)
-    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
+        total[module] = total.get(module, 0.0) + recorded.get(item.nodeid, 0.0)
+        slow[module] = slow.get(module, False) or item.get_closest_marker("slow") is not None
+
+    def rank(item: pytest.Item) -> tuple[float, bool]:
+        module = item.nodeid.split("::", 1)[0]
+        return -total[module], not slow[module]
+
+    items.sort(key=rank)  # stable: a module's tests stay together and in their order
 
 
 class WarmCaches:

@@ -1,5 +1,6 @@
 """Judge rewards: the scales read replies or name them in the error; a judge asked through a real
-endpoint (the embedded server's ``/v1``, serving the default math warm start) scores in the reward
+endpoint (the embedded server's ``/v1``, serving a short math warm start that answers sums with
+numbers, mostly wrong: ``math-numbers`` in tests/conftest.py) scores in the reward
 workers, and every failure (an unreadable reply, an endpoint that is gone, a rubric field the row
 lacks) is the call's ``reward_error``, never a silent 0."""
 
@@ -106,7 +107,7 @@ def test_unknown_scales_fail_when_the_judge_is_made(scale: str) -> None:
 
 @pytest.fixture(scope="module")
 def judge_server(tmp_path_factory: pytest.TempPathFactory, warm_caches: Any) -> Iterator[ServerGroup]:
-    cache = warm_caches.get("math")
+    cache = warm_caches.get("math-numbers")
     model = next((cache / "warm").glob("math-*"))
     cfg = load_config(None, ["env.name=math"])
     cfg.inference.setup_timeout = 120.0
@@ -120,7 +121,7 @@ def base_url(group: ServerGroup) -> str:
 
 
 def test_a_judge_scores_in_the_reward_workers(judge_server: ServerGroup) -> None:
-    # The math warm start "judges" a sum by answering it: its number, read on a 0-200 scale.
+    # The math warm start "judges" a sum by answering it: its number (right or not), read on a 0-200 scale.
     judge = Judge("{prompt}", base_url(judge_server), scale="0-200", max_tokens=6)
     with RewardRunner(timeout=60, max_workers=2) as runner:
         results = [runner.compute(judge, "ignored", {"prompt": p}) for p in ("12+30=", "40+41=", "12+30=")]
@@ -144,7 +145,7 @@ def test_a_judge_scores_in_the_reward_workers(judge_server: ServerGroup) -> None
 
 
 def test_a_judges_reply_is_kept_for_the_same_request(warm_caches: Any, tmp_path: Path) -> None:
-    model = next((warm_caches.get("math") / "warm").glob("math-*"))
+    model = next((warm_caches.get("math-numbers") / "warm").glob("math-*"))
     cfg = load_config(None, ["env.name=math"])
     cfg.inference.setup_timeout = 120.0
     with launch_servers(cfg, str(model), 1, log_dir=tmp_path, env={"OMP_NUM_THREADS": "1"}) as group:
