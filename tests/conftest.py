@@ -73,17 +73,22 @@ print(ensure_warm_model(load_config(sys.argv[1] or None, sys.argv[2:]), progress
 """
 
 
+_UNRECORDED_SLOW_S = 30.0  # about what a slow test takes (most take 30-60 s)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest modules first: by the seconds their tests took together (``tests/durations.json``),
-    then modules with a slow-marked test, then the rest, each module whole and in its own order (a
-    stale or missing record only costs wall time, never a result)."""
+    a slow-marked test without a record counting :data:`_UNRECORDED_SLOW_S`; then modules with a
+    slow-marked test, then the rest, each module whole and in its own order (a stale or missing
+    record only costs wall time, never a result)."""
     recorded: dict[str, float] = json.loads((ROOT / "tests" / "durations.json").read_text())
     total: dict[str, float] = {}
     slow: dict[str, bool] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        total[module] = total.get(module, 0.0) + recorded.get(item.nodeid, 0.0)
-        slow[module] = slow.get(module, False) or item.get_closest_marker("slow") is not None
+        marked = item.get_closest_marker("slow") is not None  # unrecorded, a slow test counts as a long one
+        total[module] = total.get(module, 0.0) + recorded.get(item.nodeid, _UNRECORDED_SLOW_S if marked else 0.0)
+        slow[module] = slow.get(module, False) or marked
 
     def rank(item: pytest.Item) -> tuple[float, bool]:
         module = item.nodeid.split("::", 1)[0]
