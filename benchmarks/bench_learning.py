@@ -233,21 +233,20 @@ def time_to(curve: list[list[float]], thr: float) -> float | None:
 
 
 def summarise(runs: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
-    stats = spread
     # a run without a count of its own (no filter, or not counted) trained all it generated, each with a signal
-    out: dict[str, Any] = {f"{kind}_per_s": stats([r.get(kind, r["samples"]) / r["train_s"] for r in runs])
+    out: dict[str, Any] = {f"{kind}_per_s": spread([r.get(kind, r["samples"]) / r["train_s"] for r in runs])
                            for kind in COUNTS}
-    out["accuracy_at_min"] = {str(m): stats([acc_at(r["curve"], m * 60) for r in runs])
+    out["accuracy_at_min"] = {str(m): spread([acc_at(r["curve"], m * 60) for r in runs])
                               for m in MARKS_MIN if m * 60 <= budget_s + 1e-9}
     out["time_to_s"] = {}
     for thr in THRESHOLDS:
         times = [time_to(r["curve"], thr) for r in runs]
         held = [t is not None and r["curve"][-1][1] >= thr - 1e-9 for t, r in zip(times, runs, strict=True)]
-        out["time_to_s"][f"{thr:.2f}"] = {**stats(times), "held_at_end": sum(held)}
-    out["final_accuracy"] = stats([r["curve"][-1][1] for r in runs])
+        out["time_to_s"][f"{thr:.2f}"] = {**spread(times), "held_at_end": sum(held)}
+    out["final_accuracy"] = spread([r["curve"][-1][1] for r in runs])
     defaults = [r["default"] for r in runs if "default" in r]
     if defaults:
-        out["default_run"] = {k: stats([d.get(k) for d in defaults])
+        out["default_run"] = {k: spread([d.get(k) for d in defaults])
                               for k in ("wall_s", "eval_s", "eval_share", "eval_wall_s", "samples_per_s")}
     return out
 

@@ -22,9 +22,10 @@ share one directory, which they only read.
 The longest modules run first (:func:`pytest_collection_modifyitems`, from ``tests/durations.json``:
 the seconds each slow test took in a recent whole run, call and setup; refresh it from the
 ``--durations`` lines a run prints; the quick modules keep their file order: sorted heaviest first
-they ran no faster, 5:58 and 6:59 against 5:41 and 6:47, the machine's drift being as large), and ``--dist loadscope --no-loadscope-reorder`` (pyproject's addopts) hands the workers
-whole modules in that order as they free up: the other worker takes the short modules while one runs a
-long test, instead of a long test starting last and running alone.
+they ran no faster, 5:58 and 6:59 against 5:41 and 6:47, the machine's drift being as large), and
+``--dist loadscope --no-loadscope-reorder`` (pyproject's addopts) hands the workers whole modules
+in that order as they free up: the other worker takes the short modules while one runs a long test,
+instead of a long test starting last and running alone.
 """
 
 from __future__ import annotations
